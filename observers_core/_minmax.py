@@ -1,0 +1,183 @@
+"""Min/max statistics: reductions, running and moving-average updates, merging, qparams.
+
+State is data: :class:`MinMaxState` is a NamedTuple (a JAX pytree) of float32 ``min_val``/``max_val``
+arrays, 0-d per tensor or shape ``(C,)`` per channel. A state that has seen nothing holds
+``+inf``/``-inf`` (the identity of min/max), so ``merge`` is a monoid and every update is branch-free.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ._dtypes import QuantSpec
+from ._namespace import array_namespace, check_real, is_torch_namespace, normalize_axis, size
+from ._qparams import QParams, calculate_qparams
+
+__all__ = [
+    "MinMaxState",
+    "aminmax",
+    "minmax_init",
+    "minmax_merge",
+    "minmax_qparams",
+    "minmax_update",
+    "moving_average_init",
+    "moving_average_merge",
+    "moving_average_qparams",
+    "moving_average_update",
+]
+
+Array = Any
+INF = float("inf")
+
+
+class MinMaxState(NamedTuple):
+    """Running range: 0-d (per tensor) or ``(C,)`` (per channel) float arrays."""
+
+    min_val: Array
+    max_val: Array
+
+
+def aminmax(
+    x: Array, /, *, axis: int | None = None, ignore_nonfinite: bool = False, xp: Any = None
+) -> tuple[Array, Array]:
+    """``(min(x), max(x))`` over all elements (``axis=None``) or per channel along ``axis``.
+
+    Per channel reduces over every axis but ``axis`` and returns shape ``(x.shape[axis],)``.
+    With ``ignore_nonfinite`` NaN and +/-Inf are skipped (like ``nanmin``/``nanmax`` with Inf dropped
+    too); a group with no finite value gives ``(+inf, -inf)``, i.e. "nothing seen".
+    The results keep ``x``'s dtype; ``x`` must not be empty.
+    """
+    xp = array_namespace(x, xp=xp)
+    check_real(x, xp)
+    if axis is not None:
+        axis = normalize_axis(axis, x.ndim)
+    if ignore_nonfinite and xp.isdtype(x.dtype, "real floating"):
+        finite = xp.isfinite(x)
+        x_lo = xp.where(finite, x, xp.asarray(INF, dtype=x.dtype, device=x.device))
+        x_hi = xp.where(finite, x, xp.asarray(-INF, dtype=x.dtype, device=x.device))
+    else:
+        x_lo = x_hi = x
+    if is_torch_namespace(xp) and x_lo is x_hi:
+        return _torch_aminmax(x, axis)
+    if axis is None:
+        return xp.min(x_lo), xp.max(x_hi)
+    others = tuple(i for i in range(x.ndim) if i != axis)
+    return xp.min(x_lo, axis=others), xp.max(x_hi, axis=others)
+
+
+def _torch_aminmax(x: Array, axis: int | None) -> tuple[Array, Array]:
+    """One-pass ``torch.aminmax``; per channel on a ``(C, -1)`` view, as torch.ao does."""
+    import torch  # only reached when x is a torch tensor
+
+    if axis is None:
+        return torch.aminmax(x)
+    if x.ndim == 1:
+        return x, x
+    y = torch.movedim(x, axis, 0).reshape(x.shape[axis], -1)
+    return torch.aminmax(y, dim=1)
+
+
+def minmax_init(
+    *, num_channels: int | None = None, dtype: Any = None, device: Any = None, xp: Any
+) -> MinMaxState:
+    """An empty state: ``+inf``/``-inf``, 0-d, or ``(num_channels,)`` per channel (float32 by default)."""
+    shape = () if num_channels is None else (int(num_channels),)
+    dtype = xp.float32 if dtype is None else dtype
+    return MinMaxState(
+        xp.full(shape, INF, dtype=dtype, device=device), xp.full(shape, -INF, dtype=dtype, device=device)
+    )
+
+
+def _batch_range(state: MinMaxState, x: Array, axis: int | None, ignore_nonfinite: bool, xp: Any):
+    """``aminmax(x)`` cast to the state's dtype, after checking that ``x`` fits the state."""
+    if axis is None:
+        if state.min_val.ndim != 0:
+            raise ValueError(f"a per-channel state of shape {tuple(state.min_val.shape)} needs axis=<channel axis>")
+    else:
+        axis = normalize_axis(axis, x.ndim)
+        if state.min_val.shape != (x.shape[axis],):
+            raise ValueError(
+                f"x has {x.shape[axis]} channels along axis {axis} but the state holds "
+                f"{tuple(state.min_val.shape)}; build the state with num_channels={x.shape[axis]}"
+            )
+    lo, hi = aminmax(x, axis=axis, ignore_nonfinite=ignore_nonfinite, xp=xp)
+    # Casting after the reduction equals reducing after the cast (rounding is monotone) and skips a copy.
+    return xp.astype(lo, state.min_val.dtype), xp.astype(hi, state.max_val.dtype)
+
+
+def minmax_update(
+    state: MinMaxState, x: Array, /, *, axis: int | None = None, ignore_nonfinite: bool = False, xp: Any = None
+) -> MinMaxState:
+    """Running range: ``x_min = min(x_min, min(X))``, ``x_max = max(x_max, max(X))``. Empty ``x``: no-op.
+
+    NaN in ``x`` propagates into the state (as in torch) unless ``ignore_nonfinite``.
+    """
+    xp = array_namespace(state.min_val, xp=xp)
+    check_real(x, xp)
+    if size(x) == 0:
+        return state
+    lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp)
+    return MinMaxState(xp.minimum(lo, state.min_val), xp.maximum(hi, state.max_val))
+
+
+def moving_average_update(
+    state: MinMaxState,
+    x: Array,
+    /,
+    *,
+    averaging_constant: float,
+    axis: int | None = None,
+    ignore_nonfinite: bool = False,
+    xp: Any = None,
+) -> MinMaxState:
+    """Moving average of the batch range: ``x_min = x_min + c * (min(X) - x_min)`` (same for max);
+    an entry that has seen nothing yet (``+inf``/``-inf``) takes the batch range. Empty ``x``: no-op.
+
+    NaN propagates as in torch; with ``ignore_nonfinite`` a channel whose batch held no finite value
+    keeps its previous average."""
+    xp = array_namespace(state.min_val, xp=xp)
+    check_real(x, xp)
+    if size(x) == 0:
+        return state
+    lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp)
+    fresh = (state.min_val == INF) & (state.max_val == -INF)
+    c = float(averaging_constant)
+    old_min = xp.where(fresh, lo, state.min_val)
+    old_max = xp.where(fresh, hi, state.max_val)
+    new_min = xp.where(fresh, lo, old_min + c * (lo - old_min))
+    new_max = xp.where(fresh, hi, old_max + c * (hi - old_max))
+    if ignore_nonfinite:
+        seen = lo <= hi
+        new_min = xp.where(seen, new_min, state.min_val)
+        new_max = xp.where(seen, new_max, state.max_val)
+    return MinMaxState(new_min, new_max)
+
+
+def minmax_merge(a: MinMaxState, b: MinMaxState, /, *, xp: Any = None) -> MinMaxState:
+    """The range of both states: elementwise min of mins and max of maxes (associative, commutative,
+    with :func:`minmax_init` as identity), so shards and batches can be combined in any order."""
+    xp = array_namespace(a.min_val, b.min_val, xp=xp)
+    return MinMaxState(xp.minimum(a.min_val, b.min_val), xp.maximum(a.max_val, b.max_val))
+
+
+def moving_average_merge(a: MinMaxState, b: MinMaxState, /, *, xp: Any = None) -> MinMaxState:
+    """Mean of two moving-average states (data-parallel replicas that averaged the same number of
+    steps, as a synchronised all-reduce does); an entry that has seen nothing takes the other's value."""
+    xp = array_namespace(a.min_val, b.min_val, xp=xp)
+    a_fresh = (a.min_val == INF) & (a.max_val == -INF)
+    b_fresh = (b.min_val == INF) & (b.max_val == -INF)
+
+    def mean(u: Array, v: Array) -> Array:
+        both = xp.where(a_fresh | b_fresh, xp.zeros_like(u), (u + v) / 2)
+        return xp.where(a_fresh, v, xp.where(b_fresh, u, both))
+
+    return MinMaxState(mean(a.min_val, b.min_val), mean(a.max_val, b.max_val))
+
+
+def minmax_qparams(state: MinMaxState, /, spec: QuantSpec, *, xp: Any = None) -> QParams:
+    """Scale and zero point of the state's range (see :func:`calculate_qparams`)."""
+    return calculate_qparams(state.min_val, state.max_val, spec, xp=xp)
+
+
+moving_average_init = minmax_init
+moving_average_qparams = minmax_qparams

@@ -1,0 +1,68 @@
+"""Scale and zero point from min/max, bit-for-bit as torch's ``_calculate_qparams`` (torch 2.13)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ._dtypes import QScheme, QuantSpec
+from ._namespace import array_namespace, index_dtype
+
+__all__ = ["QParams", "calculate_qparams"]
+
+Array = Any
+
+
+class QParams(NamedTuple):
+    """Quantization parameters: ``x_q = clamp(round(x / scale) + zero_point, quant_min, quant_max)``."""
+
+    scale: Array
+    zero_point: Array
+
+
+def calculate_qparams(min_val: Array, max_val: Array, /, spec: QuantSpec, *, xp: Any = None) -> QParams:
+    """Scale and zero point for the range ``[min_val, max_val]`` (0-d per tensor, or one per channel).
+
+    Arithmetic is float32 with the same operation order as torch, so results are bit-for-bit equal:
+
+    - affine: ``s = max((max(x_max, 0) - min(x_min, 0)) / float(Q_max - Q_min), eps)``,
+      ``z = clamp(Q_min - int32(round(min(x_min, 0) / s)), Q_min, Q_max)`` (int32);
+    - symmetric: ``s = max(max(-min(x_min, 0), max(x_max, 0)) / (float(Q_max - Q_min) / 2), eps)``,
+      ``z = spec.symmetric_zero_point`` (int64);
+    - float qparams: ``s = where(s' > eps, s', 1)`` with ``s' = (x_max - x_min) / float(Q_max - Q_min)``,
+      ``z = -x_min / s`` (float32).
+
+    Entries whose range is invalid (``min_val > max_val``, which includes a never-updated state of
+    ``+inf``/``-inf``) get torch's fallback ``s = 1``, ``z = 0``; torch raises for ``min > max`` on an
+    updated state, a data-dependent check that the adapters make outside of the core.
+    Per-tensor (0-d) inputs give shape-(1,) results, as in torch.
+    """
+    xp = array_namespace(min_val, max_val, xp=xp)
+    dtype = min_val.dtype
+    eps = xp.asarray(spec.eps, dtype=xp.float32, device=min_val.device)
+    zero = xp.zeros((), dtype=dtype, device=min_val.device)
+    min_val_neg = xp.minimum(min_val, zero)
+    max_val_pos = xp.maximum(max_val, zero)
+    qrange = float(spec.quant_max - spec.quant_min)
+
+    if spec.qscheme.is_symmetric:
+        max_val_pos = xp.maximum(-min_val_neg, max_val_pos)
+        scale = xp.maximum(max_val_pos / (qrange / 2), eps)
+        zero_point = xp.full(min_val.shape, spec.symmetric_zero_point, dtype=index_dtype(xp), device=min_val.device)
+    elif spec.qscheme is QScheme.PER_CHANNEL_AFFINE_FLOAT_QPARAMS:
+        scale = (max_val - min_val) / qrange
+        scale = xp.where(scale > eps, scale, xp.ones_like(scale))
+        zero_point = -1 * min_val / scale
+    else:
+        scale = xp.maximum((max_val_pos - min_val_neg) / qrange, eps)
+        rounded = xp.astype(xp.round(min_val_neg / scale), xp.int32)
+        zero_point = xp.clip(spec.quant_min - rounded, spec.quant_min, spec.quant_max)
+        zero_point = xp.astype(zero_point, xp.int32)
+
+    invalid = min_val > max_val
+    scale = xp.where(invalid, xp.ones_like(scale), scale)
+    zero_point = xp.where(invalid, xp.zeros_like(zero_point), zero_point)
+    if scale.ndim == 0:
+        scale = xp.reshape(scale, (1,))
+    if zero_point.ndim == 0:
+        zero_point = xp.reshape(zero_point, (1,))
+    return QParams(scale, zero_point)

@@ -1,0 +1,122 @@
+"""Shared fixtures: ``xp`` runs a test once per array backend (array-api-extra's Backend is the model).
+
+CPU backends always run: numpy, array_api_strict, torch, jax. GPU backends (torch-cuda, jax-gpu, cupy)
+run where a GPU and the library exist and are skipped, with the reason, elsewhere.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+
+class Backend(enum.Enum):
+    NUMPY = "numpy"
+    ARRAY_API_STRICT = "array_api_strict"
+    TORCH = "torch"
+    JAX = "jax"
+    TORCH_CUDA = "torch-cuda"
+    JAX_GPU = "jax-gpu"
+    CUPY = "cupy"
+
+
+def _torch_cuda_available() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _jax_gpu_available() -> bool:
+    if importlib.util.find_spec("jax") is None:
+        return False
+    import jax
+
+    try:
+        return len(jax.devices("gpu")) > 0
+    except RuntimeError:
+        return False
+
+
+def _cupy_available() -> bool:
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no driver, no device
+        return False
+
+
+def make_backend(backend: Backend) -> SimpleNamespace:
+    """``xp`` (the array-API namespace), ``device`` and ``asarray(np_array)`` for one backend."""
+    if backend is Backend.NUMPY:
+        import array_api_compat.numpy as xp
+
+        return SimpleNamespace(name=backend.value, xp=xp, device="cpu", asarray=np.asarray)
+    if backend is Backend.ARRAY_API_STRICT:
+        import array_api_strict as xp
+
+        return SimpleNamespace(name=backend.value, xp=xp, device=None, asarray=lambda a: xp.asarray(a))
+    if backend in (Backend.TORCH, Backend.TORCH_CUDA):
+        import array_api_compat.torch as xp
+        import torch
+
+        device = torch.device("cuda" if backend is Backend.TORCH_CUDA else "cpu")
+        return SimpleNamespace(
+            name=backend.value, xp=xp, device=device, asarray=lambda a: torch.as_tensor(np.asarray(a), device=device)
+        )
+    if backend in (Backend.JAX, Backend.JAX_GPU):
+        import jax
+        import jax.numpy as xp
+
+        device = jax.devices("gpu" if backend is Backend.JAX_GPU else "cpu")[0]
+        return SimpleNamespace(name=backend.value, xp=xp, device=device, asarray=lambda a: jax.device_put(np.asarray(a), device))
+    if backend is Backend.CUPY:
+        import array_api_compat.cupy as xp
+        import cupy
+
+        return SimpleNamespace(name=backend.value, xp=xp, device=cupy.cuda.Device(0), asarray=cupy.asarray)
+    raise AssertionError(backend)
+
+
+_SKIP_REASON = {
+    Backend.TORCH_CUDA: (_torch_cuda_available, "torch has no CUDA device here"),
+    Backend.JAX_GPU: (_jax_gpu_available, "jax has no GPU device here"),
+    Backend.CUPY: (_cupy_available, "cupy or a CUDA device is not available here"),
+}
+
+
+@pytest.fixture(params=list(Backend), ids=lambda b: b.value)
+def backend(request) -> SimpleNamespace:
+    """One array backend per parametrization; GPU backends are skipped where there is no GPU."""
+    if request.param in _SKIP_REASON:
+        available, reason = _SKIP_REASON[request.param]
+        if not available():
+            pytest.skip(reason)
+    return make_backend(request.param)
+
+
+@pytest.fixture
+def xp(backend):
+    """The array-API namespace of the current backend."""
+    return backend.xp
+
+
+def to_numpy(a) -> np.ndarray:
+    """Any backend's array as a numpy array (for comparisons)."""
+    if hasattr(a, "get"):  # cupy
+        return a.get()
+    if type(a).__module__.startswith("torch"):
+        return a.detach().cpu().numpy()
+    if type(a).__module__.startswith("array_api_strict"):
+        import array_api_strict
+
+        return np.asarray(array_api_strict.asarray(a, copy=True)._array)
+    return np.asarray(a)
