@@ -19,6 +19,7 @@ from ._minmax import (
     moving_average_update,
 )
 from ._qparams import QParams, calculate_qparams
+from ._quantize import fake_quantize
 from ._version import __version__
 from . import _calibration, _histogram, _lowbit
 from ._calibration import *  # noqa: F401,F403  (each module lists its public names in __all__)
@@ -35,6 +36,7 @@ __all__ = [
     "aminmax",
     "calculate_qmin_qmax",
     "calculate_qparams",
+    "fake_quantize",
     "minmax_init",
     "minmax_merge",
     "minmax_qparams",
