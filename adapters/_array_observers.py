@@ -1,0 +1,679 @@
+"""Stateful observers over one array-API namespace: everything the JAX and CuPy adapters share.
+
+The classes mirror ``torch.ao.quantization.observer`` (class names, constructor arguments and defaults,
+``state_dict`` keys and shapes) with backend-neutral configuration: ``dtype`` is a name (``"quint8"``,
+``"qint8"``, ``"torch.qint8"``...), ``qscheme`` a :class:`~observers_core.QScheme` or its name
+(``"per_tensor_affine"``...). They keep their statistics as a :class:`~observers_core.MinMaxState` of
+arrays of one namespace and call the pure core for every update and for the qparams.
+
+Used directly (``xp=numpy`` by default, or ``array_api_strict``) they are plain NumPy observers;
+``observers_core.adapters.jax`` and ``.cupy`` subclass them and add only what is framework-specific
+(``jax.jit``, devices). Differences from torch, all deliberate:
+
+- configuration errors are ``ValueError``/``TypeError`` naming the argument (torch: ``AssertionError``,
+  ``NotImplementedError``); ``averaging_constant`` must lie in ``[0, 1]`` (torch takes any float);
+- ``ignore_nonfinite=True`` (keyword-only, default ``False`` = torch's NaN-poisons behaviour) skips
+  NaN/+-Inf; a channel that has seen no finite value keeps ``+inf``/``-inf`` and gets ``scale=1, zp=0``;
+- bad inputs (bool/complex, a changed channel count, ``ch_axis`` out of range, another device) raise
+  and leave the state untouched; per-channel observers accept 1-d inputs (one element per channel);
+- ``load_state_dict`` validates keys, shapes, dtypes and values (``min_val <= max_val`` unless the
+  entry is NaN or the never-updated ``(+inf, -inf)``) up front, so torch's ``min > max`` error in
+  ``calculate_qparams`` cannot happen later;
+- zero points are int32 (affine) or the namespace's index dtype (symmetric, and the defaults of an
+  observer that has seen nothing), where torch has int32/int64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import array_api_compat
+import numpy as np
+
+from observers_core._dtypes import FLOAT32_EPS, QScheme, QuantSpec, quant_spec
+from observers_core._minmax import MinMaxState, minmax_init, minmax_qparams, minmax_update, moving_average_update
+from observers_core._namespace import check_real, index_dtype, normalize_axis, size
+from observers_core._qparams import QParams
+
+__all__ = [
+    "ObserverBase",
+    "UniformQuantizationObserverBase",
+    "MinMaxObserver",
+    "MovingAverageMinMaxObserver",
+    "PerChannelMinMaxObserver",
+    "MovingAveragePerChannelMinMaxObserver",
+    "FixedQParamsObserver",
+    "PlaceholderObserver",
+    "NoopObserver",
+]
+
+Array = Any
+
+#: NumPy extension float dtypes (ml_dtypes) that the array-API namespaces do not know; cast to float32.
+_EXTENSION_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+
+
+def _resolve_namespace(xp: Any) -> Any:
+    """The array-API namespace of ``xp`` (a module such as ``numpy`` gives ``array_api_compat.numpy``)."""
+    if xp is None:
+        import array_api_compat.numpy as np_xp
+
+        return np_xp
+    try:
+        return array_api_compat.array_namespace(xp.asarray(0.0))
+    except (AttributeError, TypeError) as err:
+        raise TypeError(f"xp={xp!r} is not an array namespace (numpy, array_api_strict, ...)") from err
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _host_array(value: Any, name: str) -> np.ndarray:
+    """A state-dict entry (numpy, cupy, jax, torch CPU, array_api_strict...) as a numpy array."""
+    if hasattr(value, "get") and type(value).__module__.startswith("cupy"):
+        return value.get()
+    if hasattr(value, "detach"):  # a torch tensor from a torch.ao observer's state_dict
+        value = value.detach().cpu()
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError, RuntimeError):
+        pass
+    try:
+        return np.from_dlpack(value)
+    except (TypeError, ValueError, RuntimeError, AttributeError, BufferError) as err:
+        raise TypeError(f"state_dict[{name!r}] must be an array, got {type(value).__name__}") from err
+
+
+def _check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.ndarray:
+    """``value`` as a float64 numpy array after checking dtype and (if given) shape."""
+    arr = _host_array(value, name)
+    if arr.dtype.name in _EXTENSION_FLOATS:
+        arr = arr.astype(np.float32)
+    if arr.dtype.kind not in "fiu":
+        raise TypeError(f"state_dict[{name!r}] must hold real numbers, got dtype {arr.dtype}")
+    if shape is not None and arr.shape != shape:
+        raise ValueError(f"state_dict[{name!r}] must have shape {shape}, got {arr.shape}")
+    return arr
+
+
+def _check_keys(state_dict: Any, expected: tuple[str, ...], owner: str) -> None:
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    if missing or unexpected:
+        raise ValueError(
+            f"state_dict for {owner} must have exactly the keys {list(expected)}; "
+            f"missing: {missing}, unexpected: {unexpected}"
+        )
+
+
+class ObserverBase:
+    """What every observer shares: the array namespace, input checks, device placement.
+
+    Framework adapters override the ``_``-prefixed hooks (``_namespace``, ``_coerce_input``,
+    ``_check_device``, ``_place``) and nothing else of the plumbing.
+    """
+
+    def __init__(self, dtype: Any, is_dynamic: bool = False, *, xp: Any = None, device: Any = None) -> None:
+        self.dtype = dtype
+        self.is_dynamic = _check_bool(is_dynamic, "is_dynamic")
+        self._xp = self._namespace(xp)
+        self._device = device
+
+    # -- hooks ---------------------------------------------------------------------------------------
+    @classmethod
+    def _namespace(cls, xp: Any) -> Any:
+        return _resolve_namespace(xp)
+
+    def _coerce_input(self, x: Array) -> Array:
+        """``x`` as an array of this observer's namespace (``TypeError`` naming ``x`` otherwise)."""
+        try:
+            x_xp = array_api_compat.array_namespace(x)
+        except TypeError:
+            x_xp = None
+        if x_xp is not self._xp:
+            raise TypeError(
+                f"x must be an array of {self._xp.__name__}, got {type(x).__module__}.{type(x).__name__}"
+            )
+        if getattr(x.dtype, "name", None) in _EXTENSION_FLOATS:  # ml_dtypes bfloat16 & co. on numpy
+            x = x.astype(np.float32)
+        return x
+
+    def _check_device(self, x: Array, state: MinMaxState) -> None:
+        """``ValueError`` unless ``x`` lives on the state's device."""
+        x_dev = array_api_compat.device(x)
+        s_dev = array_api_compat.device(state.min_val)
+        if x_dev != s_dev:
+            raise ValueError(f"x is on device {x_dev} but this observer's state is on {s_dev}; move x there")
+
+    def _place(self, arr: np.ndarray, dtype: Any, like: Array | None = None) -> Array:
+        """A host array as an array of this namespace, on ``like``'s device (or the observer's)."""
+        device = array_api_compat.device(like) if like is not None else self._device
+        return self._xp.asarray(arr, dtype=dtype, device=device)
+
+    def forward(self, x: Array) -> Array:
+        """Alias of ``__call__`` (the name torch's observers use)."""
+        return self(x)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+    def extra_repr(self) -> str:
+        return f"dtype={self.dtype!r}"
+
+
+class UniformQuantizationObserverBase(ObserverBase):
+    """Configuration of the uniform (scale, zero point) observers, validated by
+    :func:`observers_core.quant_spec` and resolved exactly as torch does (``quant_min``/``quant_max``
+    are the resolved range, the configuration itself is the hashable :attr:`spec`)."""
+
+    _PER_CHANNEL = False
+
+    def __init__(
+        self,
+        dtype: Any = "quint8",
+        qscheme: QScheme | str = QScheme.PER_TENSOR_AFFINE,
+        reduce_range: bool = False,
+        quant_min: int | None = None,
+        quant_max: int | None = None,
+        factory_kwargs: Mapping[str, Any] | None = None,
+        eps: float = FLOAT32_EPS,
+        is_dynamic: bool = False,
+        *,
+        ignore_nonfinite: bool = False,
+        xp: Any = None,
+    ) -> None:
+        device = None
+        if factory_kwargs is not None:
+            if not isinstance(factory_kwargs, Mapping) or set(factory_kwargs) - {"device"}:
+                raise ValueError(
+                    f"factory_kwargs={factory_kwargs!r} is not supported; allowed: None or {{'device': ...}}"
+                )
+            device = factory_kwargs.get("device")
+        spec = quant_spec(dtype, qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max, eps=eps)
+        if spec.qscheme.is_per_channel != self._PER_CHANNEL:
+            family = "per_channel_*" if self._PER_CHANNEL else "per_tensor_affine or per_tensor_symmetric"
+            raise ValueError(f"qscheme={spec.qscheme.value!r} is not supported by {type(self).__name__}; allowed: {family}")
+        if spec.qscheme.is_symmetric and reduce_range and spec.dtype == "quint8":
+            raise ValueError("reduce_range=True is not supported for symmetric quantization with dtype='quint8'")
+        super().__init__(spec.dtype, is_dynamic, xp=xp, device=device)
+        self.ignore_nonfinite = _check_bool(ignore_nonfinite, "ignore_nonfinite")
+        self.reduce_range = bool(reduce_range)
+        self._spec = spec
+        self._state: MinMaxState | None = None
+
+    # -- configuration -------------------------------------------------------------------------------
+    @property
+    def spec(self) -> QuantSpec:
+        """The resolved, hashable quantization configuration."""
+        return self._spec
+
+    @property
+    def qscheme(self) -> QScheme:
+        return self._spec.qscheme
+
+    @property
+    def quant_min(self) -> int:
+        return self._spec.quant_min
+
+    @property
+    def quant_max(self) -> int:
+        return self._spec.quant_max
+
+    @property
+    def has_customized_qrange(self) -> bool:
+        return self._spec.has_customized_qrange
+
+    @property
+    def eps(self) -> float:
+        return self._spec.eps
+
+    @property
+    def averaging_constant(self) -> float | None:
+        """``c`` of the moving average ``x_min <- x_min + c * (min(X) - x_min)``; ``None``: running min/max."""
+        return self._averaging_constant
+
+    _averaging_constant: float | None = None
+
+    def _set_averaging_constant(self, averaging_constant: Any) -> None:
+        if isinstance(averaging_constant, bool) or not isinstance(averaging_constant, (int, float, np.floating, np.integer)):
+            raise TypeError(
+                f"averaging_constant must be a float in [0, 1], got {type(averaging_constant).__name__} "
+                f"{averaging_constant!r}"
+            )
+        c = float(averaging_constant)
+        if not 0.0 <= c <= 1.0:
+            raise ValueError(f"averaging_constant={averaging_constant!r} must lie in [0, 1]")
+        self._averaging_constant = c
+
+    # -- state ---------------------------------------------------------------------------------------
+    def init_state(self, num_channels: int | None = None) -> MinMaxState:
+        """A state that has seen nothing (``+inf``/``-inf``): 0-d, or ``(num_channels,)`` per channel."""
+        if self._PER_CHANNEL:
+            if isinstance(num_channels, bool) or not isinstance(num_channels, int) or num_channels < 0:
+                raise TypeError(f"num_channels must be a non-negative int for {type(self).__name__}, got {num_channels!r}")
+        elif num_channels is not None:
+            raise ValueError(f"num_channels must be None for the per-tensor {type(self).__name__}, got {num_channels!r}")
+        return minmax_init(num_channels=num_channels, device=self._device, xp=self._xp)
+
+    @property
+    def state(self) -> MinMaxState | None:
+        """The statistics as a :class:`~observers_core.MinMaxState` (a JAX pytree).
+
+        Before the first non-empty input: the empty state per tensor, ``None`` per channel (the number
+        of channels is learnt from the first input).
+        """
+        if self._state is None and not self._PER_CHANNEL:
+            return self.init_state()
+        return self._state
+
+    @state.setter
+    def state(self, state: MinMaxState | None) -> None:
+        if state is None:
+            self._state = None
+            return
+        if not isinstance(state, tuple) or len(state) != 2:
+            raise TypeError(f"state must be a MinMaxState(min_val, max_val), got {type(state).__name__}")
+        state = MinMaxState(*state)
+        expected = "(C,)" if self._PER_CHANNEL else "()"
+        ok = state.min_val.shape == state.max_val.shape and len(state.min_val.shape) == (1 if self._PER_CHANNEL else 0)
+        if not ok:
+            raise ValueError(
+                f"state must hold min_val and max_val of shape {expected}, got "
+                f"{tuple(state.min_val.shape)} and {tuple(state.max_val.shape)}"
+            )
+        self._state = state
+
+    @property
+    def min_val(self) -> Array:
+        return self.state_dict()["min_val"]
+
+    @property
+    def max_val(self) -> Array:
+        return self.state_dict()["max_val"]
+
+    def reset_min_max_vals(self) -> None:
+        """Forget everything seen (per channel, the channel count too)."""
+        self._state = None
+
+    def _new_state(self, x: Array, num_channels: int | None) -> MinMaxState:
+        """The empty state for the first input ``x``: on the observer's device if one was given, else on
+        ``x``'s device."""
+        device = self._device if self._device is not None else array_api_compat.device(x)
+        return minmax_init(num_channels=num_channels, device=device, xp=self._xp)
+
+    # -- update --------------------------------------------------------------------------------------
+    def _channel_axis(self, x: Array) -> int | None:
+        if not self._PER_CHANNEL:
+            return None
+        return normalize_axis(self.ch_axis, x.ndim, name="ch_axis")
+
+    def _check_input(self, x: Array) -> tuple[Array, int | None]:
+        """``x`` in this namespace with its channel axis; ``TypeError``/``ValueError`` for bad inputs."""
+        x = self._coerce_input(x)
+        check_real(x, self._xp, name="x")
+        return x, (self._channel_axis(x) if size(x) else None)
+
+    def _check_fits(self, state: MinMaxState, x: Array, axis: int | None) -> None:
+        if axis is not None and state.min_val.shape != (x.shape[axis],):
+            raise ValueError(
+                f"x has {x.shape[axis]} channels along ch_axis={self.ch_axis} but the state holds "
+                f"{state.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
+            )
+        self._check_device(x, state)
+
+    def _compute_update(self, state: MinMaxState, x: Array, axis: int | None) -> MinMaxState:
+        """The core update (JAX runs this under ``jax.jit``)."""
+        return _core_update(
+            state, x, axis=axis, averaging_constant=self._averaging_constant,
+            ignore_nonfinite=self.ignore_nonfinite, xp=self._xp,
+        )
+
+    def update(self, state: MinMaxState, x: Array) -> MinMaxState:
+        """Pure update: the state after observing ``x`` (``state`` itself is not modified).
+
+        Running: ``x_min = min(x_min, min(X))``; moving average: ``x_min = x_min + c * (min(X) - x_min)``
+        (the first input sets the range); likewise for ``x_max``. Empty ``x``: ``state`` unchanged.
+        """
+        x, axis = self._check_input(x)
+        if size(x) == 0:
+            return state
+        self._check_fits(state, x, axis)
+        return self._compute_update(state, x, axis)
+
+    def __call__(self, x: Array) -> Array:
+        """Observe ``x`` and return it (the same object). Errors leave the state untouched."""
+        x_arr, axis = self._check_input(x)
+        if size(x_arr) == 0:
+            return x
+        state = self._state
+        if state is None:
+            state = self._new_state(x_arr, x_arr.shape[axis] if self._PER_CHANNEL else None)
+        self._check_fits(state, x_arr, axis)
+        self._state = self._compute_update(state, x_arr, axis)
+        return x
+
+    # -- qparams -------------------------------------------------------------------------------------
+    def _compute_qparams(self, state: MinMaxState) -> QParams:
+        """The core qparams (JAX runs this under ``jax.jit``)."""
+        return minmax_qparams(state, self._spec, xp=self._xp)
+
+    def qparams(self, state: MinMaxState) -> QParams:
+        """Pure: ``(scale, zero_point)`` of ``state`` (see :func:`observers_core.calculate_qparams`)."""
+        return self._compute_qparams(MinMaxState(*state))
+
+    def calculate_qparams(self) -> QParams:
+        """``(scale, zero_point)``: affine ``s = max((max(x_max, 0) - min(x_min, 0)) / (Q_max - Q_min), eps)``,
+        ``z = clamp(Q_min - round(min(x_min, 0) / s), Q_min, Q_max)``; symmetric
+        ``s = max(max(-min(x_min, 0), max(x_max, 0)) / ((Q_max - Q_min) / 2), eps)``, fixed ``z``.
+
+        Before any input: ``scale=[1.], zero_point=[0]`` with a warning, as torch."""
+        if self._state is None:
+            warnings.warn(
+                "must run observer before calling calculate_qparams. Returning default values.", UserWarning, stacklevel=2
+            )
+            xp = self._xp
+            return QParams(
+                xp.asarray([1.0], dtype=xp.float32, device=self._device),
+                xp.asarray([0], dtype=index_dtype(xp), device=self._device),
+            )
+        return self._compute_qparams(self._state)
+
+    # -- state dict ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Array]:
+        """``{"eps": (1,), "min_val": (), "max_val": ()}`` float32 arrays, per channel ``(C,)``
+        (``(0,)`` before the first input), with torch's key names, order and shapes."""
+        xp = self._xp
+        state = self._state
+        if state is None:
+            state = self.init_state(0) if self._PER_CHANNEL else self.init_state()
+        device = array_api_compat.device(state.min_val)
+        eps = xp.asarray([self._spec.eps], dtype=xp.float32, device=device)
+        return {"eps": eps, "min_val": state.min_val, "max_val": state.max_val}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load ``eps``, ``min_val`` and ``max_val`` from numpy arrays, this framework's arrays or torch
+        CPU tensors (a ``torch.ao`` observer's ``state_dict()`` loads as is).
+
+        Everything is checked before anything changes: exactly those keys; shapes ``(1,)``, and ``()``
+        per tensor or equal ``(C,)`` per channel (``C=0``: never updated); real dtypes; ``eps`` positive
+        and finite; each ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``).
+        """
+        owner = type(self).__name__
+        _check_keys(state_dict, ("eps", "min_val", "max_val"), owner)
+        eps = _check_entry(state_dict["eps"], "eps", (1,))
+        shape = None if self._PER_CHANNEL else ()
+        lo = _check_entry(state_dict["min_val"], "min_val", shape)
+        hi = _check_entry(state_dict["max_val"], "max_val", shape)
+        if self._PER_CHANNEL and (lo.ndim != 1 or lo.shape != hi.shape):
+            raise ValueError(
+                f"state_dict['min_val'] and ['max_val'] must both have shape (C,) for {owner}, "
+                f"got {lo.shape} and {hi.shape}"
+            )
+        eps_val = float(eps.astype(np.float32)[0])
+        if not (math.isfinite(eps_val) and eps_val > 0):
+            raise ValueError(f"state_dict['eps']={eps_val!r} must be positive and finite")
+        lo32, hi32 = lo.astype(np.float32), hi.astype(np.float32)
+        with np.errstate(invalid="ignore"):
+            never = (lo32 == np.inf) & (hi32 == -np.inf)
+            bad = (lo32 > hi32) & ~never
+        if np.any(bad):
+            raise ValueError(
+                f"state_dict has min_val > max_val at {np.argwhere(bad).ravel().tolist() or '()'}: "
+                f"{lo32[bad].tolist()} > {hi32[bad].tolist()}"
+            )
+        # Everything checked: commit.
+        like = None if self._state is None else self._state.min_val
+        self._spec = dataclasses.replace(self._spec, eps=eps_val)
+        if self._PER_CHANNEL and lo32.shape == (0,):
+            self._state = None
+        else:
+            xp = self._xp
+            self._state = MinMaxState(self._place(lo32, xp.float32, like), self._place(hi32, xp.float32, like))
+
+    def extra_repr(self) -> str:
+        s = self._state
+        return (
+            f"dtype={self.dtype!r}, qscheme={self.qscheme.value!r}, quant_min={self.quant_min}, "
+            f"quant_max={self.quant_max}, min_val={None if s is None else s.min_val}, "
+            f"max_val={None if s is None else s.max_val}"
+        )
+
+
+def _core_update(
+    state: MinMaxState, x: Array, *, axis: int | None, averaging_constant: float | None, ignore_nonfinite: bool, xp: Any
+) -> MinMaxState:
+    """Running min/max (``averaging_constant=None``) or moving average, by the core."""
+    if averaging_constant is None:
+        return minmax_update(state, x, axis=axis, ignore_nonfinite=ignore_nonfinite, xp=xp)
+    return moving_average_update(
+        state, x, averaging_constant=averaging_constant, axis=axis, ignore_nonfinite=ignore_nonfinite, xp=xp
+    )
+
+
+class MinMaxObserver(UniformQuantizationObserverBase):
+    """Running min/max per tensor: ``x_min = min(x_min, min(X))``, ``x_max = max(x_max, max(X))``;
+    qparams as :meth:`calculate_qparams`. Same arguments as ``torch.ao.quantization.MinMaxObserver``."""
+
+    def __init__(
+        self,
+        dtype: Any = "quint8",
+        qscheme: QScheme | str = QScheme.PER_TENSOR_AFFINE,
+        reduce_range: bool = False,
+        quant_min: int | None = None,
+        quant_max: int | None = None,
+        factory_kwargs: Mapping[str, Any] | None = None,
+        eps: float = FLOAT32_EPS,
+        is_dynamic: bool = False,
+        *,
+        ignore_nonfinite: bool = False,
+        xp: Any = None,
+    ) -> None:
+        super().__init__(
+            dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
+            ignore_nonfinite=ignore_nonfinite, xp=xp,
+        )
+
+
+class MovingAverageMinMaxObserver(MinMaxObserver):
+    """Moving average of the per-batch range: ``x_min = x_min + c * (min(X) - x_min)`` (likewise
+    ``x_max``); the first input sets the range. ``c = averaging_constant`` in ``[0, 1]``."""
+
+    def __init__(
+        self,
+        averaging_constant: float = 0.01,
+        dtype: Any = "quint8",
+        qscheme: QScheme | str = QScheme.PER_TENSOR_AFFINE,
+        reduce_range: bool = False,
+        quant_min: int | None = None,
+        quant_max: int | None = None,
+        eps: float = FLOAT32_EPS,
+        is_dynamic: bool = False,
+        *,
+        factory_kwargs: Mapping[str, Any] | None = None,
+        ignore_nonfinite: bool = False,
+        xp: Any = None,
+    ) -> None:
+        self._set_averaging_constant(averaging_constant)
+        if is_dynamic and self._averaging_constant != 1:
+            raise ValueError(
+                f"is_dynamic=True needs averaging_constant=1 in {type(self).__name__}, got {averaging_constant!r}"
+            )
+        super().__init__(
+            dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
+            ignore_nonfinite=ignore_nonfinite, xp=xp,
+        )
+
+
+class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
+    """Running min/max per channel along ``ch_axis`` (reducing every other axis); qparams per channel.
+    The number of channels is learnt from the first input."""
+
+    _PER_CHANNEL = True
+
+    def __init__(
+        self,
+        ch_axis: int = 0,
+        dtype: Any = "quint8",
+        qscheme: QScheme | str = QScheme.PER_CHANNEL_AFFINE,
+        reduce_range: bool = False,
+        quant_min: int | None = None,
+        quant_max: int | None = None,
+        factory_kwargs: Mapping[str, Any] | None = None,
+        eps: float = FLOAT32_EPS,
+        is_dynamic: bool = False,
+        *,
+        ignore_nonfinite: bool = False,
+        xp: Any = None,
+    ) -> None:
+        if isinstance(ch_axis, bool) or not isinstance(ch_axis, (int, np.integer)):
+            raise TypeError(f"ch_axis must be an int, got {type(ch_axis).__name__} {ch_axis!r}")
+        if is_dynamic:
+            raise ValueError(f"is_dynamic=True is not supported by {type(self).__name__}")
+        super().__init__(
+            dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
+            ignore_nonfinite=ignore_nonfinite, xp=xp,
+        )
+        self.ch_axis = int(ch_axis)
+
+    def extra_repr(self) -> str:
+        return f"ch_axis={self.ch_axis}, " + super().extra_repr()
+
+
+class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
+    """Per-channel moving average: ``x_min[c] = x_min[c] + a * (min(X[c]) - x_min[c])`` with
+    ``a = averaging_constant`` in ``[0, 1]``; the first input sets the ranges."""
+
+    def __init__(
+        self,
+        averaging_constant: float = 0.01,
+        ch_axis: int = 0,
+        dtype: Any = "quint8",
+        qscheme: QScheme | str = QScheme.PER_CHANNEL_AFFINE,
+        reduce_range: bool = False,
+        quant_min: int | None = None,
+        quant_max: int | None = None,
+        eps: float = FLOAT32_EPS,
+        is_dynamic: bool = False,
+        *,
+        factory_kwargs: Mapping[str, Any] | None = None,
+        ignore_nonfinite: bool = False,
+        xp: Any = None,
+    ) -> None:
+        self._set_averaging_constant(averaging_constant)
+        super().__init__(
+            ch_axis, dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
+            ignore_nonfinite=ignore_nonfinite, xp=xp,
+        )
+
+
+class FixedQParamsObserver(ObserverBase):
+    """Fixed ``scale`` and ``zero_point`` (shape ``(1,)``, float32 / int32); ``__call__`` returns its input."""
+
+    def __init__(
+        self,
+        scale: float,
+        zero_point: int,
+        dtype: Any = "quint8",
+        qscheme: QScheme | str = QScheme.PER_TENSOR_AFFINE,
+        quant_min: int = 0,
+        quant_max: int = 255,
+        is_dynamic: bool = False,
+        *,
+        xp: Any = None,
+        device: Any = None,
+    ) -> None:
+        if is_dynamic:
+            raise ValueError("is_dynamic=True is not supported by FixedQParamsObserver")
+        spec = quant_spec(dtype, qscheme, quant_min=quant_min, quant_max=quant_max)
+        super().__init__(spec.dtype, is_dynamic, xp=xp, device=device)
+        self.qscheme = spec.qscheme
+        self.quant_min, self.quant_max = spec.quant_min, spec.quant_max
+        scale_arr, zp_arr = self._check_qparams(scale, zero_point, "scale", "zero_point")
+        self._scale, self._zero_point = self._to_arrays(scale_arr, zp_arr, None)
+
+    def _check_qparams(self, scale: Any, zero_point: Any, s_name: str, z_name: str) -> tuple[np.ndarray, np.ndarray]:
+        s = np.asarray(scale, dtype=np.float64).reshape(-1) if not isinstance(scale, bool) else None
+        if s is None or s.shape != (1,) or not (np.isfinite(s[0]) and s[0] > 0):
+            raise ValueError(f"{s_name}={scale!r} must be one positive finite number")
+        z = np.asarray(zero_point).reshape(-1)
+        if z.shape != (1,) or z.dtype.kind not in "iuf" or z[0] != np.floor(z[0]):
+            raise ValueError(f"{z_name}={zero_point!r} must be one integer")
+        if not self.quant_min <= z[0] <= self.quant_max:
+            raise ValueError(f"{z_name}={int(z[0])} must lie in [quant_min={self.quant_min}, quant_max={self.quant_max}]")
+        return s.astype(np.float32), z.astype(np.int32)
+
+    def _to_arrays(self, s: np.ndarray, z: np.ndarray, like: Array | None) -> tuple[Array, Array]:
+        return self._place(s, self._xp.float32, like), self._place(z, self._xp.int32, like)
+
+    def __call__(self, x: Array) -> Array:
+        return x
+
+    def calculate_qparams(self) -> QParams:
+        return QParams(self._scale, self._zero_point)
+
+    def state_dict(self) -> dict[str, Array]:
+        return {"scale": self._scale, "zero_point": self._zero_point}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load ``scale`` (one positive float) and ``zero_point`` (one integer in the range)."""
+        _check_keys(state_dict, ("scale", "zero_point"), "FixedQParamsObserver")
+        s = _check_entry(state_dict["scale"], "scale", (1,))
+        z = _check_entry(state_dict["zero_point"], "zero_point", (1,))
+        s, z = self._check_qparams(s, z, "state_dict['scale']", "state_dict['zero_point']")
+        self._scale, self._zero_point = self._to_arrays(s, z, self._scale)
+
+    def extra_repr(self) -> str:
+        return f"scale={self._scale}, zero_point={self._zero_point}, dtype={self.dtype!r}"
+
+
+class PlaceholderObserver(ObserverBase):
+    """Observes nothing; carries a configuration (``dtype`` may be a float dtype name such as
+    ``"float16"``). ``calculate_qparams`` raises, as in torch."""
+
+    def __init__(
+        self,
+        dtype: Any = "float32",
+        custom_op_name: str = "",
+        compute_dtype: Any = None,
+        quant_min: int | None = None,
+        quant_max: int | None = None,
+        qscheme: QScheme | str | None = None,
+        eps: float | None = None,
+        is_dynamic: bool = False,
+        *,
+        xp: Any = None,
+    ) -> None:
+        super().__init__(dtype, bool(is_dynamic) or bool(compute_dtype), xp=xp)
+        self.custom_op = custom_op_name
+        self.compute_dtype = compute_dtype
+        self.quant_min, self.quant_max = quant_min, quant_max
+        self.qscheme = QScheme.PER_TENSOR_AFFINE if qscheme is None else QScheme.parse(qscheme)
+        self.eps = FLOAT32_EPS if eps is None else float(eps)
+
+    def __call__(self, x: Array) -> Array:
+        return x
+
+    def calculate_qparams(self) -> QParams:
+        raise RuntimeError(f"calculate_qparams should not be called for {type(self).__name__}")
+
+    def state_dict(self) -> dict[str, Array]:
+        return {}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        _check_keys(state_dict, (), type(self).__name__)
+
+
+class NoopObserver(PlaceholderObserver):
+    """Observes nothing (default ``dtype="float16"``); ``calculate_qparams`` raises, as in torch."""
+
+    def __init__(self, dtype: Any = "float16", custom_op_name: str = "", *, xp: Any = None) -> None:
+        super().__init__(dtype, custom_op_name, xp=xp)

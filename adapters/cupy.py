@@ -1,0 +1,83 @@
+"""CuPy observers: ``torch.ao.quantization.observer``'s classes over CuPy arrays, state kept on the GPU.
+
+Everything but CuPy specifics lives in :mod:`observers_core.adapters._array_observers`. Here: inputs
+must be ``cupy.ndarray`` (a numpy input raises ``TypeError`` rather than being copied to the GPU
+silently); the state is created on the first input's device (or on ``factory_kwargs={"device": d}``),
+and an input on another device raises ``ValueError``. Updates never synchronise with the host.
+
+Example::
+
+    import cupy as cp
+    from observers_core.adapters.cupy import PerChannelMinMaxObserver
+
+    obs = PerChannelMinMaxObserver(ch_axis=0, dtype="qint8", qscheme="per_channel_symmetric")
+    obs(cp.asarray(weight))
+    scale, zero_point = obs.calculate_qparams()   # cupy arrays on the same GPU
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat.cupy as cpx
+import cupy
+
+from . import _array_observers as _base
+
+__all__ = [
+    "MinMaxObserver",
+    "MovingAverageMinMaxObserver",
+    "PerChannelMinMaxObserver",
+    "MovingAveragePerChannelMinMaxObserver",
+    "FixedQParamsObserver",
+    "PlaceholderObserver",
+    "NoopObserver",
+]
+
+Array = Any
+
+
+class _CupyMixin:
+    """The CuPy-specific hooks of :class:`~observers_core.adapters._array_observers.ObserverBase`."""
+
+    @classmethod
+    def _namespace(cls, xp: Any) -> Any:
+        if xp is not None:
+            raise TypeError("the CuPy observers always use cupy; xp must not be given")
+        return cpx
+
+    def _coerce_input(self, x: Array) -> Array:
+        if not isinstance(x, cupy.ndarray):
+            raise TypeError(
+                f"x must be a cupy.ndarray (use cupy.asarray to move data to the GPU), "
+                f"got {type(x).__module__}.{type(x).__name__}"
+            )
+        return x
+
+
+class MinMaxObserver(_CupyMixin, _base.MinMaxObserver):
+    __doc__ = _base.MinMaxObserver.__doc__
+
+
+class MovingAverageMinMaxObserver(_CupyMixin, _base.MovingAverageMinMaxObserver):
+    __doc__ = _base.MovingAverageMinMaxObserver.__doc__
+
+
+class PerChannelMinMaxObserver(_CupyMixin, _base.PerChannelMinMaxObserver):
+    __doc__ = _base.PerChannelMinMaxObserver.__doc__
+
+
+class MovingAveragePerChannelMinMaxObserver(_CupyMixin, _base.MovingAveragePerChannelMinMaxObserver):
+    __doc__ = _base.MovingAveragePerChannelMinMaxObserver.__doc__
+
+
+class FixedQParamsObserver(_CupyMixin, _base.FixedQParamsObserver):
+    __doc__ = _base.FixedQParamsObserver.__doc__
+
+
+class PlaceholderObserver(_CupyMixin, _base.PlaceholderObserver):
+    __doc__ = _base.PlaceholderObserver.__doc__
+
+
+class NoopObserver(_CupyMixin, _base.NoopObserver):
+    __doc__ = _base.NoopObserver.__doc__
