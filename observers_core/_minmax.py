@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ._dtypes import QuantSpec
-from ._namespace import array_namespace, check_real, is_torch_namespace, normalize_axis, size
+from ._namespace import array_namespace, device_of, check_real, is_torch_namespace, normalize_axis, rounded, size
 from ._qparams import QParams, calculate_qparams
 
 __all__ = [
@@ -53,8 +53,8 @@ def aminmax(
         axis = normalize_axis(axis, x.ndim)
     if ignore_nonfinite and xp.isdtype(x.dtype, "real floating"):
         finite = xp.isfinite(x)
-        x_lo = xp.where(finite, x, xp.asarray(INF, dtype=x.dtype, device=x.device))
-        x_hi = xp.where(finite, x, xp.asarray(-INF, dtype=x.dtype, device=x.device))
+        x_lo = xp.where(finite, x, xp.asarray(INF, dtype=x.dtype, device=device_of(x)))
+        x_hi = xp.where(finite, x, xp.asarray(-INF, dtype=x.dtype, device=device_of(x)))
     else:
         x_lo = x_hi = x
     if is_torch_namespace(xp) and x_lo is x_hi:
@@ -144,8 +144,8 @@ def moving_average_update(
     c = float(averaging_constant)
     old_min = xp.where(fresh, lo, state.min_val)
     old_max = xp.where(fresh, hi, state.max_val)
-    new_min = xp.where(fresh, lo, old_min + c * (lo - old_min))
-    new_max = xp.where(fresh, hi, old_max + c * (hi - old_max))
+    new_min = xp.where(fresh, lo, old_min + rounded(c * (lo - old_min), xp))
+    new_max = xp.where(fresh, hi, old_max + rounded(c * (hi - old_max), xp))
     if ignore_nonfinite:
         seen = lo <= hi
         new_min = xp.where(seen, new_min, state.min_val)

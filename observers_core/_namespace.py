@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import array_api_compat
+from array_api_compat import device as device_of
 from array_api_compat import (
     is_cupy_namespace,
     is_jax_namespace,
@@ -15,10 +16,13 @@ from array_api_compat import (
 
 __all__ = [
     "array_namespace",
+    "device_of",
     "size",
     "index_dtype",
     "normalize_axis",
     "check_real",
+    "divide_by_constant",
+    "rounded",
     "is_torch_namespace",
     "is_jax_namespace",
     "is_numpy_namespace",
@@ -62,3 +66,29 @@ def check_real(x: Array, xp: Any, *, name: str = "x") -> None:
     """``TypeError`` unless ``x`` holds real numbers (floating or integer, not bool or complex)."""
     if not (xp.isdtype(x.dtype, "real floating") or xp.isdtype(x.dtype, "integral")):
         raise TypeError(f"{name} must hold real floating or integer values, got dtype {x.dtype}")
+
+
+def divide_by_constant(num: Array, divisor: float, xp: Any) -> Array:
+    """``num / divisor`` rounded as one true division, as numpy and torch (CPU) compute it.
+
+    XLA rewrites a division by a compile-time constant into a multiplication by its reciprocal, which
+    rounds differently in about 3 of 4 cases. A divisor chosen at run time (NaN-guarded, same value)
+    keeps the true division; other backends divide directly.
+    """
+    if not is_jax_namespace(xp):
+        return num / divisor
+    one = xp.asarray(1.0, dtype=num.dtype, device=device_of(num))
+    return num / xp.where(xp.isnan(num), one, xp.asarray(divisor, dtype=num.dtype, device=device_of(num)))
+
+
+def rounded(product: Array, xp: Any) -> Array:
+    """``product`` unchanged, but rounded on its own before a following addition.
+
+    XLA (CPU and GPU) contracts ``a * b + c`` into one fused multiply-add, which rounds once where torch
+    rounds twice. A ``where`` between the multiply and the add blocks the contraction; NaN is kept.
+    Other backends run each operation on its own and need nothing.
+    """
+    if not is_jax_namespace(xp):
+        return product
+    nan = xp.asarray(float("nan"), dtype=product.dtype, device=device_of(product))
+    return xp.where(xp.isnan(product), nan, product)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ._dtypes import QScheme, QuantSpec
-from ._namespace import array_namespace, index_dtype
+from ._namespace import array_namespace, device_of, divide_by_constant, index_dtype
 
 __all__ = ["QParams", "calculate_qparams"]
 
@@ -38,22 +38,22 @@ def calculate_qparams(min_val: Array, max_val: Array, /, spec: QuantSpec, *, xp:
     """
     xp = array_namespace(min_val, max_val, xp=xp)
     dtype = min_val.dtype
-    eps = xp.asarray(spec.eps, dtype=xp.float32, device=min_val.device)
-    zero = xp.zeros((), dtype=dtype, device=min_val.device)
+    eps = xp.asarray(spec.eps, dtype=xp.float32, device=device_of(min_val))
+    zero = xp.zeros((), dtype=dtype, device=device_of(min_val))
     min_val_neg = xp.minimum(min_val, zero)
     max_val_pos = xp.maximum(max_val, zero)
     qrange = float(spec.quant_max - spec.quant_min)
 
     if spec.qscheme.is_symmetric:
         max_val_pos = xp.maximum(-min_val_neg, max_val_pos)
-        scale = xp.maximum(max_val_pos / (qrange / 2), eps)
-        zero_point = xp.full(min_val.shape, spec.symmetric_zero_point, dtype=index_dtype(xp), device=min_val.device)
+        scale = xp.maximum(divide_by_constant(max_val_pos, qrange / 2, xp), eps)
+        zero_point = xp.full(min_val.shape, spec.symmetric_zero_point, dtype=index_dtype(xp), device=device_of(min_val))
     elif spec.qscheme is QScheme.PER_CHANNEL_AFFINE_FLOAT_QPARAMS:
-        scale = (max_val - min_val) / qrange
+        scale = divide_by_constant(max_val - min_val, qrange, xp)
         scale = xp.where(scale > eps, scale, xp.ones_like(scale))
         zero_point = -1 * min_val / scale
     else:
-        scale = xp.maximum((max_val_pos - min_val_neg) / qrange, eps)
+        scale = xp.maximum(divide_by_constant(max_val_pos - min_val_neg, qrange, xp), eps)
         rounded = xp.astype(xp.round(min_val_neg / scale), xp.int32)
         zero_point = xp.clip(spec.quant_min - rounded, spec.quant_min, spec.quant_max)
         zero_point = xp.astype(zero_point, xp.int32)

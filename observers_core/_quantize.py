@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._namespace import array_namespace, check_real, normalize_axis
+from ._namespace import array_namespace, device_of, check_real, normalize_axis
 
 __all__ = ["fake_quantize"]
 
@@ -34,8 +34,8 @@ def fake_quantize(
         raise ValueError(f"quant_min={quant_min} must be <= quant_max={quant_max}")
     if not xp.isdtype(x.dtype, "real floating"):
         x = xp.astype(x, xp.float32)
-    scale = xp.astype(xp.asarray(scale, device=x.device), x.dtype)
-    zero_point = xp.astype(xp.asarray(zero_point, device=x.device), x.dtype)
+    scale = xp.astype(xp.asarray(scale, device=device_of(x)), x.dtype)
+    zero_point = xp.astype(xp.asarray(zero_point, device=device_of(x)), x.dtype)
     if axis is not None:
         axis = normalize_axis(axis, x.ndim)
         shape = [1] * x.ndim

@@ -1,0 +1,314 @@
+"""Core min/max statistics and qparams against torch.ao.quantization.observer (the installed torch).
+
+The core functions run on every backend of the ``xp`` fixture; torch's own observers see the same
+batches and are the oracle: min/max bit-for-bit, scale bit-for-bit, zero point equal.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch.ao.quantization import observer as tao
+
+import observers_core as oc
+from conftest import to_numpy
+
+QSCHEMES = [q.value for q in oc.QScheme]
+CUSTOM_RANGE = {  # a valid custom range per dtype (torch checks the length only for 8- and 32-bit ints)
+    "qint8": (-100, 120), "int8": (-127, 127), "quint8": (0, 100), "uint8": (0, 201),
+    "quint4x2": (0, 7), "qint32": (-1000, 3000), "int32": (-(2**31), 2**31 - 1),
+    "int16": (-1000, 1000), "uint16": (0, 1000), "float8_e4m3fn": (-448, 448), "float8_e5m2": (0, 255),
+}
+KINDS = ["normal", "constant", "negative", "positive", "subnormal", "huge", "float16", "bfloat16",
+         "integer", "empty", "zeros", "mixed_scale"]
+
+
+def _valid_configs():
+    """Every (dtype, qscheme, reduce_range, custom) torch's observers accept."""
+    for dtype, qscheme, reduce_range, custom in itertools.product(
+        oc.QUANT_DTYPES, QSCHEMES, (False, True), (False, True)
+    ):
+        per_tensor = oc.QScheme(qscheme).is_per_tensor
+        if per_tensor and qscheme == "per_tensor_symmetric" and reduce_range and dtype == "quint8":
+            continue  # torch: NotImplementedError
+        if not per_tensor and qscheme == "per_channel_symmetric" and reduce_range and dtype == "quint8":
+            continue
+        yield dtype, qscheme, reduce_range, custom
+
+
+CONFIGS = list(_valid_configs())
+
+
+def _batch(rng, kind, shape):
+    """One batch of ``kind`` data as (numpy array, torch tensor); bfloat16 exists only as torch."""
+    base = np.asarray(rng.standard_normal(shape))
+    if kind == "normal":
+        a = base * 10 ** rng.uniform(-3, 3) + rng.uniform(-2, 2)
+    elif kind == "constant":
+        a = np.full(shape, rng.uniform(-5, 5))
+    elif kind == "negative":
+        a = -np.abs(base) - 0.5
+    elif kind == "positive":
+        a = np.abs(base) + 0.5
+    elif kind == "subnormal":
+        a = base * 1e-41
+    elif kind == "huge":
+        a = np.clip(base, -1, 1) * 3.4e38
+    elif kind == "zeros":
+        a = np.zeros(shape)
+    elif kind == "mixed_scale":
+        a = base * 10.0 ** rng.integers(-30, 30, size=shape)
+    elif kind == "integer":
+        a = np.asarray(rng.integers(-300, 300, size=shape).astype(np.int32))
+        return a, torch.from_numpy(np.array(a))
+    elif kind == "empty":
+        shape = (0,) + tuple(shape[1:]) if len(shape) else (0,)
+        a = np.zeros(shape)
+    elif kind == "float16":
+        a = np.asarray((base * 100).astype(np.float16))
+        return a, torch.from_numpy(np.array(a))
+    elif kind == "bfloat16":
+        t = torch.from_numpy(np.array(base * 50)).to(torch.bfloat16)
+        return None, t
+    a = np.asarray(a, dtype=np.float32)
+    return a, torch.from_numpy(np.array(a))
+
+
+def _to_backend(backend, np_arr, tensor):
+    if np_arr is None:  # bfloat16: only torch and jax have it
+        if backend.name.startswith("torch"):
+            return tensor.to(backend.device)
+        if backend.name.startswith("jax"):
+            import jax.numpy as jnp
+            import ml_dtypes
+
+            return backend.asarray(tensor.float().numpy().astype(ml_dtypes.bfloat16))
+        return None
+    if np_arr.dtype == np.float16 and backend.name == "array_api_strict":
+        return None  # the standard has no float16
+    return backend.asarray(np_arr)
+
+
+def _torch_observer(kind, dtype, qscheme, reduce_range, custom, axis, c):
+    kwargs = dict(dtype=getattr(torch, dtype), qscheme=getattr(torch, qscheme), reduce_range=reduce_range)
+    if custom:
+        kwargs.update(quant_min=CUSTOM_RANGE[dtype][0], quant_max=CUSTOM_RANGE[dtype][1])
+    per_tensor = oc.QScheme(qscheme).is_per_tensor
+    if kind == "minmax":
+        return (tao.MinMaxObserver if per_tensor else tao.PerChannelMinMaxObserver)(
+            **kwargs, **({} if per_tensor else {"ch_axis": axis}))
+    cls = tao.MovingAverageMinMaxObserver if per_tensor else tao.MovingAveragePerChannelMinMaxObserver
+    return cls(averaging_constant=c, **kwargs, **({} if per_tensor else {"ch_axis": axis}))
+
+
+def _assert_same_bits(ours, theirs, what, flush_subnormals=False):
+    """Equal bit for bit (NaN-aware, sign of zero included). ``flush_subnormals``: XLA flushes float32
+    subnormals to zero (FTZ/DAZ), so on JAX a subnormal expected value is compared as zero of either sign."""
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    assert ours.shape == theirs.shape, (what, ours.shape, theirs.shape)
+    subnormal = np.zeros(theirs.shape, bool)
+    if flush_subnormals and theirs.dtype.kind == "f":
+        def is_subnormal(a):
+            return (a != 0) & (np.abs(a) < np.finfo(a.dtype).tiny)
+
+        subnormal = is_subnormal(theirs) | is_subnormal(ours)
+        theirs = np.where(subnormal, np.zeros_like(theirs), theirs)
+        ours = np.where(subnormal, np.zeros_like(ours), ours)
+    same = (ours == theirs) | (np.isnan(ours) & np.isnan(theirs))
+    assert same.all(), (what, ours, theirs)
+    if ours.dtype.kind == "f":
+        checked = ~np.isnan(ours) & ~subnormal
+        assert (np.signbit(ours) == np.signbit(theirs))[checked].all(), (what, ours, theirs)
+
+
+@pytest.mark.parametrize("observer_kind", ["minmax", "moving_average"])
+def test_core_matches_torch_observers(backend, observer_kind):
+    xp = backend.xp
+    rng = np.random.default_rng(1234 if observer_kind == "minmax" else 4321)
+    minmax_update, moving_average_update, minmax_qparams = oc.minmax_update, oc.moving_average_update, oc.minmax_qparams
+    on_jax = backend.name.startswith("jax")
+    if on_jax:  # the whole update and qparams under jit, as the JAX adapter runs them
+        import jax
+
+        minmax_update = jax.jit(oc.minmax_update, static_argnames=("axis", "ignore_nonfinite"))
+        moving_average_update = jax.jit(
+            oc.moving_average_update, static_argnames=("axis", "ignore_nonfinite", "averaging_constant"))
+        minmax_qparams = jax.jit(oc.minmax_qparams, static_argnames=("spec",))
+    checked = 0
+    configs = CONFIGS[::3] if on_jax else CONFIGS  # every config compiles afresh under jit: a third suffices
+    for dtype, qscheme, reduce_range, custom in configs:
+        per_tensor = oc.QScheme(qscheme).is_per_tensor
+        ndim = int(rng.integers(0 if per_tensor else 2, 5))  # torch per channel needs ndim >= 2
+        shape = tuple(int(s) for s in rng.integers(1, 5, size=ndim))
+        axis = None if per_tensor else int(rng.integers(-ndim, ndim))
+        c = float(rng.choice([0.01, 0.3, 1.0]))
+        kinds = [str(k) for k in rng.choice(KINDS, size=3)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs = _torch_observer(observer_kind, dtype, qscheme, reduce_range, custom, axis, c)
+        qmin, qmax = CUSTOM_RANGE[dtype] if custom else (None, None)
+        spec = oc.quant_spec(dtype, qscheme, reduce_range=reduce_range, quant_min=qmin, quant_max=qmax)
+        assert (spec.quant_min, spec.quant_max) == (theirs.quant_min, theirs.quant_max)
+        state = oc.minmax_init(num_channels=None if per_tensor else shape[axis], xp=xp, device=backend.device)
+        for kind in kinds:
+            np_arr, tensor = _batch(rng, kind, shape)
+            x = _to_backend(backend, np_arr, tensor)
+            if x is None:
+                continue
+            if kind == "empty" and not per_tensor:
+                continue  # per channel, an empty batch has a different channel count: covered elsewhere
+            theirs(tensor)
+            if observer_kind == "minmax":
+                state = minmax_update(state, x, axis=axis)
+            else:
+                state = moving_average_update(state, x, axis=axis, averaging_constant=c)
+            if theirs.min_val.numel():
+                _assert_same_bits(to_numpy(state.min_val), theirs.min_val.numpy(), "min_val", on_jax)
+                _assert_same_bits(to_numpy(state.max_val), theirs.max_val.numpy(), "max_val", on_jax)
+        if not theirs.min_val.numel() or theirs.min_val.isinf().all() and theirs.max_val.isinf().all():
+            continue  # never updated: the fallback is tested on its own
+        scale, zp = minmax_qparams(state, spec)
+        crossed = (theirs.min_val > theirs.max_val).numpy()
+        if crossed.any():  # the moving average's cancellation can cross min and max: torch raises
+            with pytest.raises(AssertionError, match="should be less than max"):
+                theirs.calculate_qparams()
+            assert (to_numpy(scale)[np.reshape(crossed, (-1,))] == 1).all()
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scale_t, zp_t = theirs.calculate_qparams()
+        _assert_same_bits(to_numpy(scale), scale_t.numpy(), "scale", on_jax)
+        zp_np = to_numpy(zp)
+        finite = np.isfinite(theirs.min_val.numpy()) & np.isfinite(theirs.max_val.numpy())
+        if finite.all() and zp_np.dtype.kind == "f":
+            _assert_same_bits(zp_np, zp_t.numpy(), "zero_point", on_jax)
+        elif finite.all():
+            np.testing.assert_array_equal(zp_np, zp_t.numpy())
+        if not backend.name.startswith("jax"):  # JAX without x64 has no int64
+            assert str(zp_np.dtype) == str(zp_t.dtype).removeprefix("torch."), (zp_np.dtype, zp_t.dtype)
+        checked += 1
+    assert checked > len(configs) // 2
+
+
+def test_qparams_fallback_for_unobserved_state(xp):
+    spec = oc.quant_spec("quint8", "per_tensor_affine")
+    scale, zp = oc.minmax_qparams(oc.minmax_init(xp=xp), spec)
+    assert to_numpy(scale).tolist() == [1.0] and to_numpy(zp).tolist() == [0]
+    spec_c = oc.quant_spec("qint8", "per_channel_symmetric")
+    state = oc.minmax_init(num_channels=3, xp=xp)
+    state = oc.MinMaxState(
+        xp.asarray(np.array([-1.0, np.inf, 0.0], dtype=np.float32)),
+        xp.asarray(np.array([2.0, -np.inf, 0.0], dtype=np.float32)),
+    )
+    scale, zp = oc.minmax_qparams(state, spec_c)
+    assert to_numpy(scale)[1] == 1.0 and to_numpy(zp)[1] == 0
+    assert to_numpy(scale)[0] == np.float32(2.0) / np.float32(127.5)
+
+
+def test_nan_propagates_by_default_like_torch(xp):
+    x = np.array([1.0, np.nan, -2.0], dtype=np.float32)
+    theirs = tao.MinMaxObserver()
+    theirs(torch.from_numpy(x))
+    state = oc.minmax_update(oc.minmax_init(xp=xp), xp.asarray(x))
+    assert np.isnan(to_numpy(state.min_val)) and np.isnan(theirs.min_val.numpy())
+    state = oc.minmax_update(state, xp.asarray(np.array([5.0], dtype=np.float32)))
+    assert np.isnan(to_numpy(state.max_val)), "NaN stays for good, as in torch"
+
+
+@pytest.mark.parametrize("update", ["minmax", "moving_average"])
+def test_ignore_nonfinite_equals_observing_the_finite_values(xp, update):
+    rng = np.random.default_rng(7)
+    clean_state = oc.minmax_init(num_channels=4, xp=xp)
+    state = oc.minmax_init(num_channels=4, xp=xp)
+    for step in range(4):
+        x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+        dirty = x.copy()
+        dirty[rng.random(x.shape) < 0.2] = rng.choice([np.nan, np.inf, -np.inf])
+        if step == 1:
+            dirty[:, 2, :] = np.nan  # a channel with no finite value in this batch keeps its state
+        kw = {} if update == "minmax" else {"averaging_constant": 0.25}
+        fn = oc.minmax_update if update == "minmax" else oc.moving_average_update
+        state = fn(state, xp.asarray(dirty), axis=1, ignore_nonfinite=True, **kw)
+        finite = np.where(np.isfinite(dirty), dirty, np.nan)
+        lo, hi = np.nanmin(finite, axis=(0, 2)), np.nanmax(finite, axis=(0, 2))
+        clean_prev = to_numpy(clean_state.min_val), to_numpy(clean_state.max_val)
+        clean_state = fn(clean_state, xp.asarray(np.stack([lo, hi]).astype(np.float32)), axis=1, **kw)
+        if step == 1:  # channel 2 unseen this step: restore the previous values for the oracle
+            cmin, cmax = to_numpy(clean_state.min_val).copy(), to_numpy(clean_state.max_val).copy()
+            cmin[2], cmax[2] = clean_prev[0][2], clean_prev[1][2]
+            clean_state = oc.MinMaxState(xp.asarray(cmin), xp.asarray(cmax))
+        np.testing.assert_array_equal(to_numpy(state.min_val), to_numpy(clean_state.min_val))
+        np.testing.assert_array_equal(to_numpy(state.max_val), to_numpy(clean_state.max_val))
+        assert np.isfinite(to_numpy(state.min_val)).all()
+
+
+def test_ignore_nonfinite_all_nonfinite_batch_is_nothing_seen(xp):
+    x = xp.asarray(np.array([np.nan, np.inf, -np.inf], dtype=np.float32))
+    state = oc.minmax_update(oc.minmax_init(xp=xp), x, ignore_nonfinite=True)
+    assert to_numpy(state.min_val) == np.inf and to_numpy(state.max_val) == -np.inf
+    scale, zp = oc.minmax_qparams(state, oc.quant_spec())
+    assert to_numpy(scale).tolist() == [1.0] and to_numpy(zp).tolist() == [0]
+
+
+def test_empty_input_is_a_no_op(xp):
+    state = oc.minmax_update(oc.minmax_init(xp=xp), xp.asarray(np.array([1.0, 2.0], dtype=np.float32)))
+    for fn, kw in ((oc.minmax_update, {}), (oc.moving_average_update, {"averaging_constant": 0.5})):
+        after = fn(state, xp.asarray(np.zeros((0, 3), dtype=np.float32)), **kw)
+        assert after is state
+
+
+def test_merge_is_the_range_of_the_concatenation(xp):
+    rng = np.random.default_rng(3)
+    parts = [rng.standard_normal((5, 3)).astype(np.float32) * s for s in (0.1, 10.0, 1.0)]
+    states = [oc.minmax_update(oc.minmax_init(num_channels=3, xp=xp), xp.asarray(p), axis=1) for p in parts]
+    a, b, c = states
+    left = oc.minmax_merge(oc.minmax_merge(a, b), c)
+    right = oc.minmax_merge(a, oc.minmax_merge(b, c))
+    whole = oc.minmax_update(oc.minmax_init(num_channels=3, xp=xp), xp.asarray(np.concatenate(parts)), axis=1)
+    empty = oc.minmax_init(num_channels=3, xp=xp)
+    for s in (left, right, oc.minmax_merge(whole, empty), oc.minmax_merge(empty, whole)):
+        np.testing.assert_array_equal(to_numpy(s.min_val), to_numpy(whole.min_val))
+        np.testing.assert_array_equal(to_numpy(s.max_val), to_numpy(whole.max_val))
+    spec = oc.quant_spec("qint8", "per_channel_symmetric")
+    for got, want in zip(oc.minmax_qparams(left, spec), oc.minmax_qparams(whole, spec)):
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
+
+
+def test_moving_average_merge_averages_replicas(xp):
+    a = oc.MinMaxState(xp.asarray([-1.0, -4.0, float("inf")]), xp.asarray([1.0, 2.0, -float("inf")]))
+    b = oc.MinMaxState(xp.asarray([-3.0, float("inf"), -2.0]), xp.asarray([5.0, -float("inf"), 6.0]))
+    m = oc.moving_average_merge(a, b)
+    assert to_numpy(m.min_val).tolist() == [-2.0, -4.0, -2.0]
+    assert to_numpy(m.max_val).tolist() == [3.0, 2.0, 6.0]
+
+
+def test_per_channel_shape_checks_leave_state_untouched(xp):
+    state = oc.minmax_init(num_channels=3, xp=xp)
+    x = xp.asarray(np.ones((2, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match="channels"):
+        oc.minmax_update(state, x, axis=1)
+    with pytest.raises(ValueError, match="axis=2 is out of range"):
+        oc.minmax_update(state, x, axis=2)
+    with pytest.raises(ValueError, match="per-channel state"):
+        oc.minmax_update(state, x)
+    assert to_numpy(state.min_val).tolist() == [np.inf] * 3
+
+
+def test_rejects_complex_and_bool(xp):
+    state = oc.minmax_init(xp=xp)
+    with pytest.raises(TypeError, match="x must hold real"):
+        oc.minmax_update(state, xp.asarray(np.array([True, False])))
+
+
+def test_aminmax_per_channel_any_axis(xp):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    for axis in range(-4, 4):
+        lo, hi = oc.aminmax(xp.asarray(x), axis=axis)
+        others = tuple(i for i in range(4) if i != axis % 4)
+        np.testing.assert_array_equal(to_numpy(lo), x.min(axis=others))
+        np.testing.assert_array_equal(to_numpy(hi), x.max(axis=others))
