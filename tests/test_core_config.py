@@ -1,0 +1,96 @@
+"""Configuration: quantized dtypes, schemes and ranges resolved and validated exactly as torch does."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.ao.quantization.utils import calculate_qmin_qmax as torch_calculate_qmin_qmax
+from torch.ao.quantization.utils import validate_qmin_qmax as torch_validate_qmin_qmax
+
+import observers_core as oc
+
+RANGES = [None, (0, 255), (-128, 127), (-64, 63), (0, 15), (-100, 120), (-(2**31), 2**31 - 1), (0, 300),
+          (-200, 200), (1, 5), (-5, -1), (3, 3), (5, 2), (0, 2**32)]
+
+
+@pytest.mark.parametrize("dtype", oc.QUANT_DTYPES)
+def test_ranges_match_torch(dtype):
+    torch_dtype = getattr(torch, dtype)
+    for rng, reduce_range in itertools.product(RANGES, (False, True)):
+        qmin, qmax = rng if rng else (None, None)
+        custom = rng is not None
+        try:
+            if custom:
+                torch_validate_qmin_qmax(qmin, qmax)
+            expected = torch_calculate_qmin_qmax(qmin, qmax, custom, torch_dtype, reduce_range)
+        except AssertionError as err:
+            with pytest.raises(ValueError):
+                oc.quant_spec(dtype, reduce_range=reduce_range, quant_min=qmin, quant_max=qmax)
+            continue
+        spec = oc.quant_spec(dtype, reduce_range=reduce_range, quant_min=qmin, quant_max=qmax)
+        assert (spec.quant_min, spec.quant_max) == expected, (dtype, rng, reduce_range)
+        assert spec.has_customized_qrange is custom
+
+
+def test_only_one_bound_given_is_ignored_as_in_torch():
+    spec = oc.quant_spec("qint8", quant_min=-10)
+    assert (spec.quant_min, spec.quant_max, spec.has_customized_qrange) == (-128, 127, False)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"dtype": "int4"}, "dtype='int4' is not a supported quantized dtype; allowed: qint8"),
+        ({"dtype": "float32"}, "dtype="),
+        ({"qscheme": "per_block"}, "qscheme='per_block' is not a known quantization scheme; allowed:"),
+        ({"quant_min": 5, "quant_max": 2}, r"must include 0"),
+        ({"quant_min": 0, "quant_max": 0}, r"quant_min=0 must be strictly less than quant_max=0"),
+        ({"quant_min": 1, "quant_max": 10}, r"\[quant_min=1, quant_max=10\] must include 0"),
+        ({"dtype": "qint8", "quant_min": -200, "quant_max": 200}, "must be positive and not exceed the 8-bit"),
+        ({"eps": -1.0}, "eps=-1.0 must be a positive finite float"),
+    ],
+)
+def test_invalid_configuration_names_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        oc.quant_spec(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"quant_min": 0.5, "quant_max": 10}, "quant_min must be an int"), ({"reduce_range": "yes"}, "reduce_range"),
+     ({"eps": "small"}, "eps must be a float")],
+)
+def test_wrong_types_raise_type_error(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        oc.quant_spec(**kwargs)
+
+
+def test_names_and_torch_prefixed_names_are_accepted():
+    assert oc.quant_spec("torch.qint8", "torch.per_channel_symmetric") == oc.quant_spec(
+        "qint8", oc.QScheme.PER_CHANNEL_SYMMETRIC)
+    assert oc.QScheme.parse("per_tensor_affine").is_per_tensor
+    assert oc.QScheme.PER_CHANNEL_SYMMETRIC.is_symmetric and oc.QScheme.PER_CHANNEL_SYMMETRIC.is_per_channel
+
+
+def test_spec_is_hashable_for_jit():
+    assert hash(oc.quant_spec()) == hash(oc.quant_spec())
+
+
+def test_import_observers_core_imports_no_framework():
+    code = (
+        "import sys, observers_core, observers_core.adapters;"
+        "bad = [m for m in ('torch', 'jax', 'jaxlib', 'cupy', 'tensorflow') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_public_api_is_listed():
+    for name in oc.__all__:
+        assert hasattr(oc, name), name
+    assert oc.__version__

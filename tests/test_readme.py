@@ -1,0 +1,20 @@
+"""The README's promises are what CI runs."""
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ci_runs_the_readme_test_command_exactly():
+    ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if "pytest" in line]
+    assert len(ci_lines) == 1, ci_lines
+    readme = (ROOT / "README.md").read_text()
+    assert f"\n{ci_lines[0]}\n" in readme, f"README.md must show the test command: {ci_lines[0]}"
+
+
+def test_readme_main_command_runs_an_existing_example():
+    readme = (ROOT / "README.md").read_text()
+    main = [line for line in readme.splitlines() if line.startswith("python -m pip install") and "examples/" in line]
+    assert main, "README.md must show the command that runs the example"
+    script = main[0].split("python ")[-1].split()[0]
+    assert (ROOT / script).is_file(), script
