@@ -42,7 +42,7 @@ from ._mx import (
     round_to_element,
     to_blocks,
 )
-from ._namespace import array_namespace, check_real, normalize_axis
+from ._namespace import array_namespace, check_real, device_of, divide_by_constant, normalize_axis
 from ._qparams import QParams
 from ._quantize import fake_quantize
 
@@ -193,14 +193,14 @@ def group_qparams(
     qmin, qmax = _int_range(dtype)
     dtype_f = compute_dtype(min_val, xp)
     lo, hi = xp.astype(min_val, dtype_f), xp.astype(max_val, dtype_f)
-    zero = xp.zeros((), dtype=dtype_f, device=lo.device)
-    eps_a = xp.asarray(float(eps), dtype=dtype_f, device=lo.device)
+    zero = xp.zeros((), dtype=dtype_f, device=device_of(lo))
+    eps_a = xp.asarray(float(eps), dtype=dtype_f, device=device_of(lo))
     min_neg, max_pos = xp.minimum(lo, zero), xp.maximum(hi, zero)
     if symmetric:
-        scale = xp.maximum(xp.maximum(-min_neg, max_pos) / (float(qmax - qmin) / 2), eps_a)
-        zero_point = xp.full(scale.shape, int((qmax + qmin + 1) / 2), dtype=xp.int32, device=lo.device)
+        scale = xp.maximum(divide_by_constant(xp.maximum(-min_neg, max_pos), float(qmax - qmin) / 2, xp), eps_a)
+        zero_point = xp.full(scale.shape, int((qmax + qmin + 1) / 2), dtype=xp.int32, device=device_of(lo))
     else:
-        scale = xp.maximum((max_pos - min_neg) / float(qmax - qmin), eps_a)
+        scale = xp.maximum(divide_by_constant(max_pos - min_neg, float(qmax - qmin), xp), eps_a)
         shift = xp.round(min_neg / scale)
         shift = xp.where(xp.isfinite(shift), shift, xp.zeros_like(shift))
         zero_point = xp.astype(xp.clip(qmin - shift, float(qmin), float(qmax)), xp.int32)
@@ -227,8 +227,8 @@ def group_fake_quantize(
     check_real(x, xp)
     qmin, qmax = _int_range(dtype)
     axis, group_size = _check_granularity(axis, group_size, x.ndim)
-    scale = xp.asarray(scale, device=x.device)
-    zero_point = xp.asarray(zero_point, device=x.device)
+    scale = xp.asarray(scale, device=device_of(x))
+    zero_point = xp.asarray(zero_point, device=device_of(x))
 
     def fq(v: Array, s: Array, z: Array) -> Array:
         return fake_quantize(v, s, z, quant_min=qmin, quant_max=qmax, xp=xp)
@@ -246,8 +246,8 @@ def fp8_scale(amax: Array, /, *, dtype: str = "float8_e4m3fn", eps: float = FLOA
     xp = array_namespace(amax, xp=xp)
     check_real(amax, xp)
     fmax, _ = _fp8_format(dtype)
-    scale = xp.astype(amax, compute_dtype(amax, xp)) / fmax
-    return xp.where(scale == 0, xp.asarray(float(eps), dtype=scale.dtype, device=scale.device), scale)
+    scale = divide_by_constant(xp.astype(amax, compute_dtype(amax, xp)), fmax, xp)
+    return xp.where(scale == 0, xp.asarray(float(eps), dtype=scale.dtype, device=device_of(scale)), scale)
 
 
 def fp8_fake_quantize(
@@ -268,7 +268,7 @@ def fp8_fake_quantize(
     axis, group_size = _check_granularity(axis, group_size, x.ndim)
     out_dtype = x.dtype if xp.isdtype(x.dtype, "real floating") else xp.float32
     cdt = compute_dtype(x, xp)
-    scale = xp.astype(xp.asarray(scale, device=x.device), cdt)
+    scale = xp.astype(xp.asarray(scale, device=device_of(x)), cdt)
 
     def fq(v: Array, s: Array) -> Array:
         return round_to_element(v / s, fmt, xp) * s
@@ -410,7 +410,7 @@ def lowbit_qparams(state: MinMaxState, /, spec: LowBitSpec, *, xp: Any = None) -
     amax = xp.where(lo > hi, xp.zeros_like(amax), amax)
     if spec.family == "fp8":
         scale = fp8_scale(amax, dtype=spec.dtype, eps=spec.eps, xp=xp)
-        return QParams(scale, xp.zeros(scale.shape, dtype=xp.int32, device=scale.device))
+        return QParams(scale, xp.zeros(scale.shape, dtype=xp.int32, device=device_of(scale)))
     return mx_scale(amax, element=MX_DTYPES[spec.dtype], rounding=spec.rounding, xp=xp)
 
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._namespace import array_namespace, check_real, normalize_axis
+from ._namespace import array_namespace, check_real, device_of, divide_by_constant, normalize_axis
 
 __all__ = [
     "MX_ELEMENTS",
@@ -140,7 +140,7 @@ def to_blocks(x: Array, axis: int, block_size: int, xp: Any, *, pad: bool) -> Ar
                 f"x has length {n} along axis {axis}, which is not a multiple of group_size={block_size}"
             )
         pad_shape = x.shape[:axis] + (block_size - rem,) + x.shape[axis + 1 :]
-        x = xp.concat([x, xp.zeros(pad_shape, dtype=x.dtype, device=x.device)], axis=axis)
+        x = xp.concat([x, xp.zeros(pad_shape, dtype=x.dtype, device=device_of(x))], axis=axis)
         n += block_size - rem
     return xp.reshape(x, x.shape[:axis] + (n // block_size, block_size) + x.shape[axis + 1 :])
 
@@ -150,7 +150,7 @@ def from_blocks(xb: Array, axis: int, n: int, xp: Any) -> Array:
     shape = xb.shape[:axis] + (xb.shape[axis] * xb.shape[axis + 1],) + xb.shape[axis + 2 :]
     y = xp.reshape(xb, shape)
     if shape[axis] != n:
-        y = y[(slice(None),) * axis + (slice(0, n),)]
+        y = y[(slice(None),) * axis + (slice(0, n), ...)]
     return y
 
 
@@ -181,8 +181,8 @@ def block_aminmax(
     lo = hi = xb
     if ignore_nonfinite:
         finite = xp.isfinite(xb)
-        lo = xp.where(finite, xb, xp.asarray(math.inf, dtype=xb.dtype, device=xb.device))
-        hi = xp.where(finite, xb, xp.asarray(-math.inf, dtype=xb.dtype, device=xb.device))
+        lo = xp.where(finite, xb, xp.asarray(math.inf, dtype=xb.dtype, device=device_of(xb)))
+        hi = xp.where(finite, xb, xp.asarray(-math.inf, dtype=xb.dtype, device=device_of(xb)))
     return xp.min(lo, axis=axis + 1), xp.max(hi, axis=axis + 1)
 
 
@@ -217,9 +217,9 @@ def floor_log2(a: Array, xp: Any) -> tuple[Array, Array]:
     exponent minus one with ``2**k`` reported as the smallest power; callers mask zeros, NaN and Inf.
     """
     kmin, kmax = _exponent_range(a.dtype, xp)
-    ends = [xp.asarray([v], dtype=a.dtype, device=a.device) for v in (0.0, math.inf)]
+    ends = [xp.asarray([v], dtype=a.dtype, device=device_of(a)) for v in (0.0, math.inf)]
     # table[i] = 2**(kmin - 1 + i) for i in 1..last-1; table[0] = 0 stands for "below", table[last] = inf
-    table = xp.concat([ends[0], _pow2_table(kmin, kmax, a.dtype, a.device, xp), ends[1]])
+    table = xp.concat([ends[0], _pow2_table(kmin, kmax, a.dtype, device_of(a), xp), ends[1]])
     last = kmax - kmin + 2
     safe = xp.where(xp.isfinite(a) & (a > 0), a, xp.ones_like(a))
     k = xp.floor(xp.log2(safe))
@@ -234,7 +234,7 @@ def floor_log2(a: Array, xp: Any) -> tuple[Array, Array]:
 def _pow2_factors(e: Array, xp: Any, dtype: Any) -> tuple[Array, Array]:
     """``(2**(e // 2), 2**(e - e // 2))`` for int ``e`` in ``[-254, 254]``: two normal factors whose
     product is ``2**e``."""
-    table = _pow2_table(-127, 127, dtype, e.device, xp)
+    table = _pow2_table(-127, 127, dtype, device_of(e), xp)
     half = e // 2
     return _take(table, half + 127, xp), _take(table, e - half + 127, xp)
 
@@ -256,10 +256,10 @@ def round_to_element(y: Array, fmt: ElementFormat, xp: Any, *, lo: float | None 
     lo = -fmt.max_normal if lo is None else lo
     y = xp.clip(y, lo, fmt.max_normal)
     a = xp.abs(y)
-    floor_at = xp.asarray(2.0**fmt.emin, dtype=y.dtype, device=y.device)
+    floor_at = xp.asarray(2.0**fmt.emin, dtype=y.dtype, device=device_of(y))
     safe = xp.where(a >= floor_at, a, floor_at)  # also maps NaN to the smallest binade
     e = xp.clip(xp.floor(xp.log2(safe)), float(fmt.emin), float(fmt.emax))
-    quanta = _pow2_table(fmt.emin - fmt.mbits, fmt.emax - fmt.mbits, y.dtype, y.device, xp)
+    quanta = _pow2_table(fmt.emin - fmt.mbits, fmt.emax - fmt.mbits, y.dtype, device_of(y), xp)
     q = _take(quanta, xp.astype(e, xp.int32) - fmt.emin, xp)
     return xp.round(y / q) * q
 
@@ -277,7 +277,7 @@ def e8m0_to_float(code: Array, /, *, xp: Any = None) -> Array:
     """``2**(c - 127)`` as float32 for uint8 codes ``c`` (NaN for 255), from an exact table."""
     xp = array_namespace(code, xp=xp)
     table = xp.concat(
-        [_pow2_table(-127, 127, xp.float32, code.device, xp), xp.asarray([math.nan], dtype=xp.float32, device=code.device)]
+        [_pow2_table(-127, 127, xp.float32, device_of(code), xp), xp.asarray([math.nan], dtype=xp.float32, device=device_of(code))]
     )
     return _take(table, xp.astype(code, xp.int32), xp)
 
@@ -296,7 +296,9 @@ def mx_scale(amax: Array, /, *, element: str = "fp8_e4m3", rounding: str = "floo
 
     Then ``e`` is clamped to the E8M0 range ``[-127, 127]`` and stored as ``c = e + 127``. Special
     blocks: ``amax = 0`` (all zeros) gives ``c = 0`` (``X = 2**-127``); NaN gives ``c = 255`` (NaN,
-    the whole block dequantizes to NaN); +Inf saturates to ``c = 254``, as ``cvt.rp.satfinite`` does.
+    the whole block dequantizes to NaN); +Inf saturates to ``c = 254``, as ``cvt.rp.satfinite`` does
+    (the block's finite values then underflow to 0 and +/-Inf comes back as +/-Inf, since
+    ``max_normal * 2**127`` overflows float32).
     ``amax`` is reduced in float32 (float64 stays float64).
     """
     xp = array_namespace(amax, xp=xp)
@@ -305,7 +307,7 @@ def mx_scale(amax: Array, /, *, element: str = "fp8_e4m3", rounding: str = "floo
     check_rounding(rounding)
     a = xp.astype(xp.abs(amax), compute_dtype(amax, xp))
     if rounding == "rceil":
-        a = a / fmt.max_normal
+        a = divide_by_constant(a, fmt.max_normal, xp)
     k, p = floor_log2(a, xp)
     if rounding in ("ceil", "rceil"):
         k = k + xp.astype(a > p, xp.int32)
@@ -337,9 +339,10 @@ def _block_fake_quantize(
         )
     code = xp.expand_dims(xp.astype(code, xp.int32), axis=axis + 1)
     e = xp.where(code == E8M0_NAN, xp.zeros_like(code), code - E8M0_BIAS)
-    y = round_to_element(_scale_by_pow2(xb, -e, xp), fmt, xp, lo=lo)
-    y = _scale_by_pow2(y, e, xp)
-    y = xp.where(code == E8M0_NAN, xp.asarray(math.nan, dtype=y.dtype, device=y.device), y)
+    with np.errstate(over="ignore"):  # numpy-backed arrays: max_normal * 2**127 overflows float32 to inf
+        y = round_to_element(_scale_by_pow2(xb, -e, xp), fmt, xp, lo=lo)
+        y = _scale_by_pow2(y, e, xp)
+    y = xp.where(code == E8M0_NAN, xp.asarray(math.nan, dtype=y.dtype, device=device_of(y)), y)
     return xp.astype(from_blocks(y, axis, n, xp), out_dtype)
 
 
