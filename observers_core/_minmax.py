@@ -102,7 +102,9 @@ def _batch_range(state: MinMaxState, x: Array, axis: int | None, ignore_nonfinit
             )
     lo, hi = aminmax(x, axis=axis, ignore_nonfinite=ignore_nonfinite, xp=xp)
     # Casting after the reduction equals reducing after the cast (rounding is monotone) and skips a copy.
-    return xp.astype(lo, state.min_val.dtype), xp.astype(hi, state.max_val.dtype)
+    if lo.dtype != state.min_val.dtype:
+        lo, hi = xp.astype(lo, state.min_val.dtype), xp.astype(hi, state.max_val.dtype)
+    return lo, hi
 
 
 def minmax_update(
