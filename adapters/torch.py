@@ -99,6 +99,7 @@ _XP = _compat_torch
 
 _FLOAT32_EPS = torch.finfo(torch.float32).eps
 _INF = float("inf")
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     "qint8": torch.qint8,
@@ -204,6 +205,13 @@ class UniformQuantizationObserverBase(ObserverBase):
             quant_max=quant_max,
             eps=eps,
         )
+        affine = spec.qscheme in (QScheme.PER_TENSOR_AFFINE, QScheme.PER_CHANNEL_AFFINE)
+        if affine and not _INT32_MIN <= spec.quant_min <= spec.quant_max <= _INT32_MAX:
+            # torch accepts such a range for e.g. quint8 and then fails in calculate_qparams
+            raise ValueError(
+                f"quant_min={quant_min}, quant_max={quant_max} give the range [{spec.quant_min}, {spec.quant_max}]; "
+                f"affine zero points are int32, so it must lie within [{_INT32_MIN}, {_INT32_MAX}]"
+            )
         ignore_nonfinite = _check_bool(ignore_nonfinite, "ignore_nonfinite")
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
         super().__init__(dtype=_TORCH_DTYPES[spec.dtype], is_dynamic=is_dynamic, **kwargs)
@@ -507,6 +515,13 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
             return x_orig
         axis = normalize_axis(self.ch_axis, x.ndim, name="ch_axis")
         channels = x.shape[axis]
+        if axis != 0:
+            # Channels first by swapping the two axes, as torch does, so that the reduction visits the
+            # elements in torch's order (which of -0.0 and 0.0 is the minimum depends on it).
+            dims = list(range(x.ndim))
+            dims[0], dims[axis] = axis, 0
+            x = x.permute(dims)
+            axis = 0
         if self.min_val.numel() == 0 or self.max_val.numel() == 0:
             state = minmax_init(num_channels=channels, dtype=self.min_val.dtype, device=self.min_val.device, xp=_XP)
         elif self.min_val.shape != (channels,) or self.max_val.shape != (channels,):
