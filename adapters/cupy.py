@@ -2,8 +2,10 @@
 
 Everything but CuPy specifics lives in :mod:`observers_core.adapters._array_observers`. Here: inputs
 must be ``cupy.ndarray`` (a numpy input raises ``TypeError`` rather than being copied to the GPU
-silently); the state is created on the first input's device (or on ``factory_kwargs={"device": d}``),
-and an input on another device raises ``ValueError``. Updates never synchronise with the host.
+silently); the state is created on the first input's device (or on ``factory_kwargs={"device": d}``,
+``d`` a device id or ``cupy.cuda.Device``), and an input on another device raises ``ValueError``.
+Every update and qparams computation runs with the state's device current (CuPy launches kernels on
+the current device); none synchronises with the host.
 
 Example::
 
@@ -40,6 +42,14 @@ Array = Any
 class _CupyMixin:
     """The CuPy-specific hooks of :class:`~observers_core.adapters._array_observers.ObserverBase`."""
 
+    def _set_device(self) -> None:
+        if self._device is not None and not isinstance(self._device, cupy.cuda.Device):
+            self._device = cupy.cuda.Device(self._device)
+
+    def _current(self) -> cupy.cuda.Device:
+        """The observer's device if one was given, else the current one (as a context manager)."""
+        return self._device if self._device is not None else cupy.cuda.Device()
+
     @classmethod
     def _namespace(cls, xp: Any) -> Any:
         if xp is not None:
@@ -55,19 +65,41 @@ class _CupyMixin:
         return x
 
 
-class MinMaxObserver(_CupyMixin, _base.MinMaxObserver):
+class _CupyMinMaxMixin(_CupyMixin):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._set_device()
+
+    def init_state(self, num_channels: int | None = None):
+        with self._current():  # array_api_compat's cupy.full ignores device=
+            return super().init_state(num_channels)
+
+    def _new_state(self, x: Array, num_channels: int | None):
+        with self._device if self._device is not None else x.device:
+            return super()._new_state(x, num_channels)
+
+    def _compute_update(self, state, x: Array, axis: int | None):
+        with state.min_val.device:
+            return super()._compute_update(state, x, axis)
+
+    def _compute_qparams(self, state):
+        with state.min_val.device:
+            return super()._compute_qparams(state)
+
+
+class MinMaxObserver(_CupyMinMaxMixin, _base.MinMaxObserver):
     __doc__ = _base.MinMaxObserver.__doc__
 
 
-class MovingAverageMinMaxObserver(_CupyMixin, _base.MovingAverageMinMaxObserver):
+class MovingAverageMinMaxObserver(_CupyMinMaxMixin, _base.MovingAverageMinMaxObserver):
     __doc__ = _base.MovingAverageMinMaxObserver.__doc__
 
 
-class PerChannelMinMaxObserver(_CupyMixin, _base.PerChannelMinMaxObserver):
+class PerChannelMinMaxObserver(_CupyMinMaxMixin, _base.PerChannelMinMaxObserver):
     __doc__ = _base.PerChannelMinMaxObserver.__doc__
 
 
-class MovingAveragePerChannelMinMaxObserver(_CupyMixin, _base.MovingAveragePerChannelMinMaxObserver):
+class MovingAveragePerChannelMinMaxObserver(_CupyMinMaxMixin, _base.MovingAveragePerChannelMinMaxObserver):
     __doc__ = _base.MovingAveragePerChannelMinMaxObserver.__doc__
 
 

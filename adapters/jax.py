@@ -97,13 +97,16 @@ class _JaxMixin:
             raise TypeError("the JAX observers always use jax.numpy; xp must not be given")
         return jnp
 
-    def _coerce_input(self, x: Array) -> Array:
+    def __call__(self, x: Array) -> Array:
         if isinstance(x, jax.core.Tracer):
             raise TypeError(
                 f"{type(self).__name__}(x) stores state and cannot run inside jit/scan/vmap; "
                 "use obs.update(state, x) there and assign obs.state afterwards"
             )
-        if isinstance(x, jax.Array):
+        return super().__call__(x)
+
+    def _coerce_input(self, x: Array) -> Array:
+        if isinstance(x, jax.Array):  # tracers included: obs.update runs inside jit
             return x
         if isinstance(x, np.ndarray):
             return jnp.asarray(x)
