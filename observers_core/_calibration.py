@@ -1,3 +1,942 @@
-"""Placeholder: filled in by its issue."""
+"""Histogram calibration searches (KL/entropy, MSE, percentile) and a histogram state to feed them.
 
-__all__: list[str] = []
+Every search is a pure function of a histogram: ``hist`` holds the counts, shape ``(bins,)`` for one
+tensor or ``(..., bins)`` with leading channel dimensions, and ``edges`` its ``bins + 1`` bin edges,
+shape ``(bins + 1,)`` (shared by all channels) or ``hist.shape[:-1] + (bins + 1,)``. Every candidate
+threshold is evaluated at once (closed forms over prefix sums; no Python loop over candidates), so
+the searches run under ``jax.jit`` and on GPUs. Arithmetic is float64 where the namespace has it
+(numpy, torch, cupy, array_api_strict, JAX with x64) and float32 otherwise (JAX by default), where
+near-ties may resolve differently. Thresholds come back in the dtype of ``edges``.
+
+Counts must be finite and >= 0 (the searches cannot check data under ``jit``).
+
+The histogram state (:class:`CalibHistogram`) counts values on a power-of-two grid, bin width
+``w = 2**e`` and first edge ``lo = n * w``: a value's bin ``floor(x / w) - n`` is exact, a growing
+range re-bins the old counts exactly (``2**k`` old bins per new bin), and two states merge exactly
+and associatively, so batches, devices and hosts combine in any order.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from typing import Any, NamedTuple
+
+import numpy as np
+from array_api_compat import device as _device
+
+from ._dtypes import QScheme, QuantSpec
+from ._namespace import (
+    array_namespace,
+    check_real,
+    index_dtype,
+    is_cupy_namespace,
+    is_jax_namespace,
+    is_numpy_namespace,
+    is_torch_namespace,
+    normalize_axis,
+    size,
+)
+from ._qparams import calculate_qparams
+from ._quantize import fake_quantize
+
+__all__ = [
+    "CalibHistogram",
+    "SearchCurve",
+    "calib_histogram_edges",
+    "calib_histogram_init",
+    "calib_histogram_merge",
+    "calib_histogram_update",
+    "histogram_quantization_error",
+    "kl_divergences",
+    "kl_threshold",
+    "mse_errors",
+    "mse_threshold",
+    "percentile_range",
+]
+
+Array = Any
+INF = float("inf")
+#: Most intermediate elements one channel chunk of a search materialises (bounds peak memory).
+_CHUNK_ELEMENTS = 1 << 22
+
+
+class SearchCurve(NamedTuple):
+    """Every candidate of a search.
+
+    ``index`` (K,): the candidate's bin index (static); ``threshold`` (..., K): its clipping
+    threshold; ``objective`` (..., K): the value the search minimises.
+    """
+
+    index: Array
+    threshold: Array
+    objective: Array
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation and shared plumbing
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_int(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if value < minimum or (maximum is not None and value > maximum):
+        allowed = f">= {minimum}" if maximum is None else f"{minimum} <= {name} <= {maximum}"
+        raise ValueError(f"{name}={value} is out of range; allowed: {allowed}")
+    return value
+
+
+def _check_bool(value: Any, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _check_float(value: Any, name: str, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"{name}={value} must be a finite float >= 0")
+    return value
+
+
+def _check_ties(ties: Any) -> str:
+    if ties not in ("first", "last"):
+        raise ValueError(f"ties={ties!r} is not allowed; allowed: 'first' (smallest threshold), 'last' (largest)")
+    return ties
+
+
+def _work_dtype(xp: Any, device: Any) -> Any:
+    """float64 where the namespace has it on ``device`` (JAX only with x64), else float32."""
+    info = xp.__array_namespace_info__()
+    try:
+        available = info.dtypes(device=device, kind="real floating")
+    except (TypeError, ValueError):  # an info object that takes no device
+        available = info.dtypes(kind="real floating")
+    return xp.float64 if "float64" in available else xp.float32
+
+
+def _default_tie_tol(xp: Any, dtype: Any) -> float:
+    """2**-40 in float64 arithmetic, 2**-16 in float32 (a few hundred ulps of the accumulated sums)."""
+    return 2.0**-40 if dtype == xp.float64 else 2.0**-16
+
+
+class _Hist(NamedTuple):
+    counts: Array  # (C, B), work dtype
+    edges: Array  # (C, B + 1), work dtype
+    out_edges: Array  # (C, B + 1), the caller's edges (exact) in the output dtype
+    lead: tuple  # leading (channel) shape of the results
+    dtype: Any  # work dtype
+    device: Any
+
+
+def _prepare(hist: Array, edges: Array, xp: Any) -> _Hist:
+    """Validate a histogram; counts as ``(C, B)`` and edges as ``(C, B + 1)`` in the work dtype."""
+    check_real(hist, xp, name="hist")
+    check_real(edges, xp, name="edges")
+    if hist.ndim < 1 or hist.shape[-1] < 1:
+        raise ValueError(f"hist must have shape (..., bins) with bins >= 1, got shape {tuple(hist.shape)}")
+    bins = hist.shape[-1]
+    lead = tuple(hist.shape[:-1])
+    if edges.ndim < 1 or edges.shape[-1] != bins + 1 or (edges.ndim > 1 and tuple(edges.shape[:-1]) != lead):
+        raise ValueError(
+            f"edges must have shape ({bins + 1},) or {lead + (bins + 1,)} for hist of shape "
+            f"{tuple(hist.shape)}, got {tuple(edges.shape)}"
+        )
+    device = _device(hist)
+    dtype = _work_dtype(xp, device)
+    channels = math.prod(lead)
+    counts = xp.reshape(xp.astype(hist, dtype), (channels, bins))
+    out_dtype = edges.dtype if xp.isdtype(edges.dtype, "real floating") else dtype
+    out_edges = xp.reshape(xp.astype(edges, out_dtype), (-1, bins + 1))
+    out_edges = xp.broadcast_to(out_edges, (channels, bins + 1))
+    return _Hist(counts, xp.astype(out_edges, dtype), out_edges, lead, dtype, device)
+
+
+def _index_array(table: np.ndarray, xp: Any, device: Any) -> Array:
+    """A static (shape-only) NumPy integer table as an index array of the namespace."""
+    np_dtype = np.int64 if index_dtype(xp) == xp.int64 else np.int32
+    return xp.asarray(np.ascontiguousarray(table, dtype=np_dtype), device=device)
+
+
+def _take_shared(table: Array, index: Array, xp: Any) -> Array:
+    """``table[c, index]`` for every channel: ``table`` (C, N), ``index`` any shape -> (C, *index.shape)."""
+    out = xp.take(table, xp.reshape(index, (-1,)), axis=-1)
+    return xp.reshape(out, (table.shape[0],) + tuple(index.shape))
+
+
+def _take_each(table: Array, index: Array, xp: Any) -> Array:
+    """``table[c, index[c, ...]]``: ``table`` (C, N), ``index`` (C, ...) -> (C, ...)."""
+    channels, n = table.shape
+    if channels == 1:
+        return xp.reshape(xp.take(table[0, :], xp.reshape(index, (-1,))), tuple(index.shape))
+    offsets = xp.arange(channels, dtype=index.dtype, device=_device(table)) * n
+    flat = index + xp.reshape(offsets, (channels,) + (1,) * (index.ndim - 1))
+    out = xp.take(xp.reshape(table, (-1,)), xp.reshape(flat, (-1,)))
+    return xp.reshape(out, tuple(index.shape))
+
+
+def _by_channel_chunks(fn: Any, per_channel: int, xp: Any, *arrays: Array) -> Array:
+    """``fn(*arrays)`` on slices of the channel axis that each hold at most ``_CHUNK_ELEMENTS``
+    intermediate elements (a static loop over chunks, never over candidates), concatenated."""
+    channels = arrays[0].shape[0]
+    step = max(1, _CHUNK_ELEMENTS // max(per_channel, 1))
+    if step >= channels:
+        return fn(*arrays)
+    parts = [fn(*(a[c : c + step, ...] for a in arrays)) for c in range(0, channels, step)]
+    return xp.concat(parts, axis=0)
+
+
+def _pick(objective: Array, slack: Array, ties: str, xp: Any) -> Array:
+    """Index (C,) of the best candidate of ``objective`` (C, K): every candidate within ``slack`` of
+    the minimum ties with it; ``ties="last"`` takes the largest index among them, ``"first"`` the
+    smallest. All ``+inf``: every candidate ties."""
+    best = xp.min(objective, axis=-1, keepdims=True)
+    near = xp.astype(objective <= best + slack(best), xp.int8)
+    if ties == "first":
+        return xp.argmax(near, axis=-1)
+    return (objective.shape[-1] - 1) - xp.argmax(xp.flip(near, axis=-1), axis=-1)
+
+
+def _select(values: Array, index: Array, xp: Any) -> Array:
+    """``values[c, index[c]]``: ``values`` (C, K), ``index`` (C,) -> (C,)."""
+    index = xp.reshape(xp.astype(index, index_dtype(xp)), (-1, 1))
+    return _take_each(values, index, xp)[:, 0]
+
+
+def _xlogx(x: Array, xp: Any) -> Array:
+    """``x log x`` with ``0 log 0 = 0``."""
+    positive = x > 0
+    return xp.where(positive, x * xp.log(xp.where(positive, x, 1.0)), 0.0)
+
+
+def _cumsum0(x: Array, xp: Any) -> Array:
+    """Prefix sums along the last axis with a leading 0: ``S[..., j] = sum(x[..., :j])``."""
+    return xp.cumulative_sum(x, axis=-1, include_initial=True)
+
+
+def _shaped(values: Array, h: _Hist, xp: Any) -> Array:
+    """(C, ...) results back to the histogram's leading shape."""
+    return xp.reshape(values, h.lead + tuple(values.shape[1:]))
+
+
+# ----------------------------------------------------------------------------------------------
+# KL divergence (entropy) search: the TensorRT algorithm, as ModelOpt's _compute_amax_entropy
+# ----------------------------------------------------------------------------------------------
+
+
+def _levels(num_bits: int, unsigned: bool, num_levels: int | None) -> int:
+    _check_int(num_bits, "num_bits", minimum=1, maximum=62)
+    unsigned = _check_bool(unsigned, "unsigned")
+    if num_levels is None:
+        return 1 << (num_bits - 1 + int(unsigned))
+    return _check_int(num_levels, "num_levels", minimum=1)
+
+
+@functools.lru_cache(maxsize=32)
+def _kl_tables(bins: int, start: int, stride: int, levels: int) -> tuple[np.ndarray, ...]:
+    """Static tables of the candidates ``i = start, start + stride, ..., <= bins`` (bins kept):
+    ``i``, group boundaries ``ceil(g * i / levels)`` (K, levels + 1), and, flattened over
+    (K, levels), the position of the group of the last kept bin ``floor((i - 1) * levels / i)``."""
+    i = np.arange(start, bins + 1, stride, dtype=np.int64)
+    g = np.arange(levels + 1, dtype=np.int64)
+    bounds = (g[None, :] * i[:, None] + levels - 1) // levels
+    last_group = np.arange(i.size, dtype=np.int64) * levels + ((i - 1) * levels) // i
+    return i, bounds, last_group
+
+
+@functools.lru_cache(maxsize=8)
+def _kl_dense_tables(bins: int, start: int, stride: int, levels: int) -> np.ndarray:
+    """Position of each (candidate, bin) in the flattened (K, levels + 1) group table: the bin's group
+    ``floor(j * levels / i)`` for kept bins ``j < i``, the all-zero column ``levels`` otherwise."""
+    i = np.arange(start, bins + 1, stride, dtype=np.int64)[:, None]
+    j = np.arange(bins, dtype=np.int64)[None, :]
+    group = np.where(j < i, (j * levels) // np.maximum(i, 1), levels)
+    return np.arange(i.shape[0], dtype=np.int64)[:, None] * (levels + 1) + group
+
+
+def _kl_groups(cs: Array, nz: Array, bounds: Array, xp: Any) -> tuple[Array, Array]:
+    """Count ``G`` and non-empty bins ``n`` of every group of every candidate, (C, K, levels)."""
+    lo, hi = bounds[:, :-1], bounds[:, 1:]
+    g_count = _take_shared(cs, hi, xp) - _take_shared(cs, lo, xp)
+    g_nonzero = _take_shared(nz, hi, xp) - _take_shared(nz, lo, xp)
+    return g_count, g_nonzero
+
+
+def _kl_strict(b: Array, tables: tuple, xp: Any, device: Any) -> Array:
+    """KL(P || Q) of every candidate in closed form, O(levels) work per candidate.
+
+    With ``T = sum(b)``, kept mass ``C_i = sum(b[:i])``, tail ``t_i = T - C_i``, ``l = i - 1`` the last
+    kept bin, and the groups ``g`` of the kept bins holding ``G_g`` counts over ``n_g`` non-empty bins
+    (so ``Q_j = G_g / n_g`` on non-empty bins), ``P`` = ``b[:i]`` with ``t_i`` added to ``b_l``:
+    ``KL_i = (sum_{j<l} b_j log b_j + (b_l + t_i) log(b_l + t_i) - sum_g G_g log(G_g / n_g)
+    - [b_l > 0] t_i log(G_g(l) / n_g(l))) / T - log T + log C_i``.
+    ``+inf`` where ``P > 0 = Q`` (the tail lands on an empty last bin), ``C_i = 0`` or ``T = 0``.
+    """
+    cand_np, bounds_np, last_group_np = tables
+    levels = bounds_np.shape[1] - 1
+    bounds = _index_array(bounds_np, xp, device)
+    last_group = _index_array(last_group_np, xp, device)
+
+    cs = _cumsum0(b, xp)
+    nz = _cumsum0(xp.astype(b > 0, b.dtype), xp)
+
+    def group_terms(cs_c: Array, nz_c: Array) -> Array:
+        g_count, g_nonzero = _kl_groups(cs_c, nz_c, bounds, xp)
+        filled = g_count > 0
+        log_q = xp.log(xp.where(filled, g_count, 1.0) / xp.where(filled, g_nonzero, 1.0))
+        sum_glog = xp.sum(xp.where(filled, g_count * log_q, 0.0), axis=-1)
+        flat = xp.reshape(log_q, (log_q.shape[0], -1))
+        last_log_q = _take_shared(flat, last_group, xp)
+        return xp.stack([sum_glog, last_log_q], axis=-1)
+
+    terms = _by_channel_chunks(group_terms, bounds_np.shape[0] * levels, xp, cs, nz)
+    sum_glog, last_log_q = terms[..., 0], terms[..., 1]
+
+    cand = _index_array(cand_np, xp, device)
+    last = _index_array(cand_np - 1, xp, device)
+    total = cs[:, -1:]
+    kept = _take_shared(cs, cand, xp)
+    tail = total - kept
+    b_last = _take_shared(b, last, xp)
+    p_log_p = _take_shared(_cumsum0(_xlogx(b, xp), xp), last, xp) + _xlogx(b_last + tail, xp)
+    p_log_q = sum_glog + xp.where(b_last > 0, tail * last_log_q, 0.0)
+    safe_total = xp.where(total > 0, total, 1.0)
+    kl = (p_log_p - p_log_q) / safe_total - xp.log(safe_total) + xp.log(xp.where(kept > 0, kept, 1.0))
+    invalid = (total <= 0) | (kept <= 0) | ((b_last <= 0) & (tail > 0))
+    return xp.where(invalid, INF, xp.maximum(kl, 0.0))
+
+
+def _smoothed(x: Array, inside: Array, count: Array, eps: float, xp: Any) -> tuple[Array, Array]:
+    """MXNet / ONNX Runtime ``smooth_distribution`` over the kept bins: zeros become ``eps``, non-zeros
+    lose ``eps * n_zero / n_nonzero`` (the total is kept). Also returns where it is malformed."""
+    nonzero = inside & (x > 0)
+    n_nonzero = xp.sum(xp.astype(nonzero, x.dtype), axis=-1, keepdims=True)
+    n_zero = count - n_nonzero
+    eps1 = eps * n_zero / xp.where(n_nonzero > 0, n_nonzero, 1.0)
+    smooth = xp.where(nonzero, x - eps1, xp.where(inside, eps, 0.0))
+    bad = (n_nonzero[..., 0] <= 0) | xp.any(inside & (smooth <= 0), axis=-1)
+    return smooth, bad
+
+
+def _kl_smoothed(b: Array, tables: tuple, smoothing: float, xp: Any, device: Any) -> Array:
+    """KL(P~ || Q~) of every candidate with P and Q smoothed (:func:`_smoothed`), then normalised.
+    Dense over (candidate, bin): O(bins) work and memory per candidate."""
+    cand_np, bounds_np, _ = tables
+    bins = b.shape[-1]
+    levels = bounds_np.shape[1] - 1
+    start, stride = int(cand_np[0]), int(cand_np[1] - cand_np[0]) if cand_np.size > 1 else 1
+    bounds = _index_array(bounds_np, xp, device)
+    position = _index_array(_kl_dense_tables(bins, start, stride, levels), xp, device)
+    j = xp.arange(bins, device=device)
+    cand = _index_array(cand_np, xp, device)
+    inside = j[None, :] < cand[:, None]  # (K, B)
+    is_last = j[None, :] == (cand[:, None] - 1)
+    kept_bins = xp.astype(cand[:, None], b.dtype)
+
+    cs = _cumsum0(b, xp)
+    nz = _cumsum0(xp.astype(b > 0, b.dtype), xp)
+    total = cs[:, -1:]
+
+    def per_chunk(b_c: Array, cs_c: Array, nz_c: Array) -> Array:
+        g_count, g_nonzero = _kl_groups(cs_c, nz_c, bounds, xp)
+        q_group = xp.where(g_count > 0, g_count / xp.where(g_nonzero > 0, g_nonzero, 1.0), 0.0)
+        q_group = xp.concat([q_group, xp.zeros_like(q_group[..., :1])], axis=-1)
+        q = _take_shared(xp.reshape(q_group, (q_group.shape[0], -1)), position, xp)
+        q = xp.where(b_c[:, None, :] > 0, q, 0.0)
+        tail = cs_c[:, -1:] - _take_shared(cs_c, cand, xp)
+        p = xp.where(inside, b_c[:, None, :], 0.0) + xp.where(is_last, tail[..., None], 0.0)
+        p, bad_p = _smoothed(p, inside, kept_bins, smoothing, xp)
+        q, bad_q = _smoothed(q, inside, kept_bins, smoothing, xp)
+        p = p / xp.sum(p, axis=-1, keepdims=True)
+        q = q / xp.where(bad_q[..., None], 1.0, xp.sum(q, axis=-1, keepdims=True))
+        ratio = xp.where(inside & ~bad_q[..., None], p / xp.where(q > 0, q, 1.0), 1.0)
+        kl = xp.sum(xp.where(inside, p * xp.log(xp.where(ratio > 0, ratio, 1.0)), 0.0), axis=-1)
+        return xp.where(bad_p | bad_q, INF, xp.maximum(kl, 0.0))
+
+    kl = _by_channel_chunks(per_chunk, cand_np.size * bins, xp, b, cs, nz)
+    return xp.where(total <= 0, INF, kl)
+
+
+def _kl_search(
+    hist, edges, *, num_bits, unsigned, num_levels, start_bin, stride, smoothing, flatten_first_bin, xp
+) -> tuple[_Hist, SearchCurve]:
+    xp = array_namespace(hist, edges, xp=xp)
+    h = _prepare(hist, edges, xp)
+    bins = h.counts.shape[-1]
+    levels = _levels(num_bits, unsigned, num_levels)
+    if bins < levels:
+        raise ValueError(
+            f"hist has {bins} bins, fewer than the {levels} quantized levels it is merged into "
+            f"(num_bits={num_bits}, unsigned={unsigned}, num_levels={num_levels}); use at least {levels} bins"
+        )
+    start_bin = levels if start_bin is None else _check_int(start_bin, "start_bin", minimum=1, maximum=bins)
+    stride = _check_int(stride, "stride", minimum=1)
+    smoothing = _check_float(smoothing, "smoothing")
+    b = h.counts
+    if _check_bool(flatten_first_bin, "flatten_first_bin") and bins > 1:
+        b = xp.concat([b[:, 1:2], b[:, 1:]], axis=-1)
+    tables = _kl_tables(bins, start_bin, stride, levels)
+    if smoothing == 0:
+        kl = _kl_strict(b, tables, xp, h.device)
+    else:
+        kl = _kl_smoothed(b, tables, smoothing, xp, h.device)
+    index = _index_array(tables[0], xp, h.device)
+    return h, SearchCurve(index, _take_shared(h.out_edges, index, xp), kl)
+
+
+def _shaped_curve(curve: SearchCurve, h: _Hist, xp: Any) -> SearchCurve:
+    return SearchCurve(curve.index, _shaped(curve.threshold, h, xp), _shaped(curve.objective, h, xp))
+
+
+def kl_divergences(
+    hist: Array,
+    edges: Array,
+    /,
+    *,
+    num_bits: int = 8,
+    unsigned: bool = False,
+    num_levels: int | None = None,
+    start_bin: int | None = None,
+    stride: int = 1,
+    smoothing: float = 0.0,
+    flatten_first_bin: bool = True,
+    xp: Any = None,
+) -> SearchCurve:
+    """KL divergence of every candidate threshold ``edges[i]``, ``i = start_bin, start_bin + stride,
+    ..., <= bins`` (the TensorRT entropy calibration, as ModelOpt's ``_compute_amax_entropy``).
+
+    For a histogram of ``|x|`` (``edges[0] = 0``): the reference ``P`` is ``hist[:i]`` with the clipped
+    tail ``sum(hist[i:])`` added to its last bin; the candidate ``Q`` merges ``hist[:i]`` into
+    ``num_levels`` groups (bin ``j`` in group ``floor(j * num_levels / i)``) and spreads each group's
+    count evenly over its non-empty bins (empty bins stay 0). The objective is
+    ``KL(P || Q) = sum_j p_j log(p_j / q_j)`` of the normalised distributions.
+
+    - ``num_levels`` defaults to ``2**(num_bits - 1 + unsigned)`` (128 for int8); ``hist`` needs at
+      least that many bins. ``start_bin`` defaults to ``num_levels`` (ModelOpt: 128) and must be in
+      ``[1, bins]``; ``stride >= 1``.
+    - ``flatten_first_bin`` (ModelOpt's ``bins[0] = bins[1]``): the first bin's count is replaced by
+      the second's so a spike of exact zeros (ReLU, padding) does not dominate ``P``.
+    - Zero bins, ``smoothing=0`` (ModelOpt, TensorRT): none. A candidate whose tail lands on an empty
+      last bin (``p > 0 = q``), or that keeps no data, has ``KL = +inf`` (ModelOpt gets NaN from
+      scipy for the latter, and its argmin then picks it). ``smoothing=eps > 0`` (MXNet, ONNX
+      Runtime use ``1e-4``): ``P`` and ``Q`` (counts over the kept bins) are smoothed first, zeros
+      becoming ``eps`` and non-zeros losing ``eps * n_zero / n_nonzero``; a candidate whose
+      smoothing fails (all zero, or a count driven <= 0) is ``+inf``. Smoothing costs O(bins) per
+      candidate instead of O(num_levels).
+    """
+    h, curve = _kl_search(
+        hist, edges, num_bits=num_bits, unsigned=unsigned, num_levels=num_levels, start_bin=start_bin,
+        stride=stride, smoothing=smoothing, flatten_first_bin=flatten_first_bin, xp=xp,
+    )
+    return _shaped_curve(curve, h, array_namespace(hist, edges, xp=xp))
+
+
+def kl_threshold(
+    hist: Array,
+    edges: Array,
+    /,
+    *,
+    num_bits: int = 8,
+    unsigned: bool = False,
+    num_levels: int | None = None,
+    start_bin: int | None = None,
+    stride: int = 1,
+    smoothing: float = 0.0,
+    flatten_first_bin: bool = True,
+    ties: str = "last",
+    tie_tol: float | None = None,
+    xp: Any = None,
+) -> Array:
+    """The threshold ``edges[i]`` of least KL divergence (see :func:`kl_divergences`), per channel.
+
+    Ties: candidates within ``tie_tol`` nats of the least divergence tie; ``ties="last"`` (ModelOpt's
+    ``last_argmin``) takes the largest threshold among them, ``"first"`` the smallest. ``tie_tol``
+    defaults to ``2**-40`` (float64 arithmetic) or ``2**-16`` (float32). All ``+inf`` (an empty
+    histogram): every candidate ties.
+    """
+    ties = _check_ties(ties)
+    tie_tol = _check_float(tie_tol, "tie_tol", allow_none=True)
+    h, curve = _kl_search(
+        hist, edges, num_bits=num_bits, unsigned=unsigned, num_levels=num_levels, start_bin=start_bin,
+        stride=stride, smoothing=smoothing, flatten_first_bin=flatten_first_bin, xp=xp,
+    )
+    xp = array_namespace(hist, edges, xp=xp)
+    tol = _default_tie_tol(xp, h.dtype) if tie_tol is None else tie_tol
+    best = _pick(curve.objective, lambda _: tol, ties, xp)
+    return _shaped(_select(curve.threshold, best, xp), h, xp)
+
+
+# ----------------------------------------------------------------------------------------------
+# MSE search: ModelOpt's _compute_amax_mse, Quark's get_min_max_by_mse, Horizon's stride
+# ----------------------------------------------------------------------------------------------
+
+
+def _squared_error(counts: Array, centers: Array, scale: Array, zero_point: Array, spec_range, norm, xp) -> Array:
+    """``sum_j h_j ((fq(c_j) - c_j) / norm)**2`` for every column of ``scale``/``zero_point`` (C, K), with
+    ``fq`` :func:`fake_quantize` over ``spec_range``; counts and centers (C, B). Dense: O(B) per candidate."""
+    quant_min, quant_max = spec_range
+    c = centers[:, None, :]
+    fq = fake_quantize(c, scale[..., None], zero_point[..., None], quant_min=quant_min, quant_max=quant_max, xp=xp)
+    d = (fq - c) / norm[:, None, None]
+    return xp.sum(counts[:, None, :] * d * d, axis=-1)
+
+
+def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Array, Array]:
+    """The sum of :func:`_squared_error` for uniform bins of non-negative data, summed by quantization
+    level instead of by bin (O(levels) per candidate), and a bound on its rounding error.
+
+    In bin units (center of bin ``j`` at ``j``, ``r = s / w``, ``o = a / w + 1/2`` with ``a = edges[0]``),
+    level ``m = q - z`` (``0 <= m < M``) dequantizes to ``u_m = m r - o`` and holds the bins
+    ``n_m <= j < n_{m+1}``, ``n_m = clip(ceil((m - 1/2) r - o), 0, B)`` (``n_0 = 0``, ``n_M = B``: the end
+    levels take everything beyond). With prefix sums ``P0 = sum h``, ``P1 = sum h j`` (exact for integer
+    counts) and ``S_p = sum_j h_j j**p``, Abel summation of ``sum_m sum_{j in m} h_j (j - u_m)**2`` gives
+    ``S2 - 2 u_top S1 + u_top**2 S0 + 2 r X1 - r**2 Y1 + 2 r o Y0`` with ``X1 = sum_m P1[n_m]``,
+    ``Y0 = sum_m P0[n_m]``, ``Y1 = sum_m (2m - 1) P0[n_m]`` over ``m = 1 .. M - 1``. The terms cancel, so
+    the bound (a few ulps of their magnitudes) is used as the tie slack.
+    """
+    channels, bins = counts.shape
+    dtype = counts.dtype
+    device = _device(counts)
+    j = xp.arange(bins, dtype=dtype, device=device)
+    p0 = _cumsum0(counts, xp)
+    p1 = _cumsum0(counts * j, xp)
+    s0, s1 = p0[:, -1:], p1[:, -1:]
+    s2 = xp.sum(counts * j * j, axis=-1, keepdims=True)
+    a = edges[:, :1]
+    # A zero-width histogram (all edges equal) is kept finite: bins 2**-40 of the largest step apart.
+    w = xp.maximum((edges[:, -1:] - edges[:, :1]) / bins, xp.max(scale, axis=-1, keepdims=True) * 2.0**-40)
+    r = scale / w
+    off = a / w + 0.5
+    m = xp.arange(1, levels, dtype=dtype, device=device)
+    weights = xp.stack([xp.ones_like(m), 2 * m - 1], axis=-1)  # (M - 1, 2)
+
+    def boundary_sums(p0_c, p1_c, r_c, off_c):
+        t = (m - 0.5) * r_c[..., None] - off_c[..., None]
+        n = xp.astype(xp.minimum(xp.maximum(xp.ceil(t), 0.0), float(bins)), index_dtype(xp))
+        g0 = _take_each(p0_c, xp.reshape(n, (n.shape[0], -1)), xp)
+        g1 = _take_each(p1_c, xp.reshape(n, (n.shape[0], -1)), xp)
+        y = xp.matmul(xp.reshape(g0, tuple(n.shape)), weights)  # (C, K, 2): Y0, Y1
+        x1 = xp.sum(xp.reshape(g1, tuple(n.shape)), axis=-1)
+        return xp.concat([y, x1[..., None]], axis=-1)
+
+    if levels > 1:
+        sums = _by_channel_chunks(boundary_sums, r.shape[1] * (levels - 1) * 3, xp, p0, p1, r, off)
+        y0, y1, x1 = sums[..., 0], sums[..., 1], sums[..., 2]
+    else:
+        y0 = y1 = x1 = xp.zeros_like(r)
+    u_top = (levels - 1) * r - off
+    terms = (s2, 2 * u_top * s1, u_top * u_top * s0, 2 * r * x1, r * r * y1, 2 * r * off * y0)
+    err = terms[0] - terms[1] + terms[2] + terms[3] - terms[4] + terms[5]
+    bound = 16 * _eps_of(dtype, xp) * sum(xp.abs(t) for t in terms)
+    unit = (w / norm[:, None]) ** 2
+    return xp.maximum(err, 0.0) * unit, bound * unit
+
+
+def _eps_of(dtype: Any, xp: Any) -> float:
+    return float(np.finfo(np.float64 if dtype == xp.float64 else np.float32).eps)
+
+
+def _mse_window(spec: QuantSpec) -> tuple[int, int]:
+    """The levels ``[z, quant_max]`` that non-negative data can reach: the candidates' zero point ``z``
+    (for the range ``[0, amax]``: the symmetric zero point, ``quant_min`` when affine, 0 for float
+    qparams) up to ``quant_max``."""
+    if spec.qscheme.is_symmetric:
+        low = spec.symmetric_zero_point
+    elif spec.qscheme is QScheme.PER_CHANNEL_AFFINE_FLOAT_QPARAMS:
+        low = min(max(0, spec.quant_min), spec.quant_max)
+    else:
+        low = spec.quant_min
+    return low, spec.quant_max
+
+
+def _mse_search(hist, edges, *, spec, start_bin, stride, xp) -> tuple[_Hist, SearchCurve, Array, Array]:
+    xp = array_namespace(hist, edges, xp=xp)
+    if not isinstance(spec, QuantSpec):
+        raise TypeError(f"spec must be a QuantSpec (see quant_spec(...)), got {type(spec).__name__} {spec!r}")
+    h = _prepare(hist, edges, xp)
+    bins = h.counts.shape[-1]
+    if start_bin is None:
+        start_bin = min(128, bins - 1)
+    start_bin = _check_int(start_bin, "start_bin", minimum=0, maximum=bins - 1)
+    stride = _check_int(stride, "stride", minimum=1)
+    cand_np = np.arange(start_bin, bins, stride)
+    cand = _index_array(cand_np, xp, h.device)
+    centers = (h.edges[:, 1:] + h.edges[:, :-1]) / 2
+    amax = _take_shared(centers, cand, xp)  # (C, K)
+    qp = calculate_qparams(xp.zeros_like(amax), amax, spec, xp=xp)
+    scale = xp.astype(qp.scale, h.dtype)
+    low, high = _mse_window(spec)
+    norm = xp.max(xp.abs(h.edges), axis=-1)
+    norm = xp.where((norm > 0) & (norm < INF), norm, 1.0)
+    levels = high - low + 1
+    if h.dtype == xp.float64 and levels <= bins:
+        err, noise = _squared_error_by_levels(h.counts, h.edges, scale, levels, norm, xp)
+    else:
+        zero_point = xp.astype(qp.zero_point, h.dtype)
+        err = _by_channel_chunks(
+            lambda c, e, s, z, n: _squared_error(c, e, s, z, (low, high), n, xp),
+            cand_np.size * bins * 4, xp, h.counts, centers, scale, zero_point, norm,
+        )
+        noise = xp.zeros_like(err)
+    total = xp.sum(h.counts, axis=-1, keepdims=True)
+    objective = err * (norm[:, None] ** 2) / xp.where(total > 0, total, 1.0)
+    out_centers = (h.out_edges[:, 1:] + h.out_edges[:, :-1]) / 2
+    threshold = _take_shared(xp.astype(out_centers, h.out_edges.dtype), cand, xp)
+    return h, SearchCurve(cand, threshold, objective), err, noise
+
+
+def mse_errors(
+    hist: Array, edges: Array, /, *, spec: QuantSpec, start_bin: int | None = None, stride: int = 1, xp: Any = None
+) -> SearchCurve:
+    """Expected squared quantization error of every candidate threshold ``amax = c_k`` (bin center
+    ``c_k``, ``k = start_bin, start_bin + stride, ..., < bins``).
+
+    The candidate quantizer is ``calculate_qparams(0, amax, spec)`` (Quark's ``get_min_max_by_mse``;
+    ModelOpt's int8 is ``quant_spec("qint8", "per_tensor_symmetric", quant_min=-127, quant_max=127)``,
+    its unsigned ``quant_spec("quint8")``), and every bin's count sits at its center:
+    ``E(amax) = sum_j h_j (fq(c_j) - c_j)**2 / sum_j h_j``, ``fq`` :func:`fake_quantize` over the levels
+    non-negative data reaches (``[zero_point, quant_max]``). For histograms of ``|x|`` or of non-negative
+    data with uniform bins, as ModelOpt and Quark collect. ``start_bin`` defaults to ``min(128, bins - 1)``
+    (ModelOpt: 128; Quark: 2045) and must be in ``[0, bins - 1]``; ``stride >= 1`` (Horizon).
+
+    In float64 with at most ``bins`` levels the sum runs by level (O(levels) per candidate, accurate to
+    about ``1e-10`` relative); otherwise by bin with :func:`fake_quantize` (O(bins) per candidate).
+    """
+    h, curve, _, _ = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, xp=xp)
+    return _shaped_curve(curve, h, array_namespace(hist, edges, xp=xp))
+
+
+def mse_threshold(
+    hist: Array,
+    edges: Array,
+    /,
+    *,
+    spec: QuantSpec,
+    start_bin: int | None = None,
+    stride: int = 1,
+    ties: str = "first",
+    tie_tol: float | None = None,
+    xp: Any = None,
+) -> Array:
+    """The bin center ``amax`` of least expected squared error (see :func:`mse_errors`), per channel.
+
+    Ties: candidates within ``tie_tol * E_min`` plus the sum's rounding-error bound of the least error
+    tie; ``ties="first"`` (ModelOpt's and Quark's ``argmin``) takes the smallest threshold among them,
+    ``"last"`` the largest. ``tie_tol`` defaults to ``2**-40`` (float64 arithmetic) or ``2**-16``
+    (float32). Quantization parameters: ``calculate_qparams(0, amax, spec)``.
+    """
+    ties = _check_ties(ties)
+    tie_tol = _check_float(tie_tol, "tie_tol", allow_none=True)
+    h, curve, err, noise = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, xp=xp)
+    xp = array_namespace(hist, edges, xp=xp)
+    tol = _default_tie_tol(xp, h.dtype) if tie_tol is None else tie_tol
+    slack = 2 * xp.max(noise, axis=-1, keepdims=True)
+    best = _pick(err, lambda m: tol * m + slack, ties, xp)
+    return _shaped(_select(curve.threshold, best, xp), h, xp)
+
+
+def histogram_quantization_error(
+    hist: Array,
+    edges: Array,
+    scale: Array,
+    zero_point: Array,
+    /,
+    *,
+    quant_min: int,
+    quant_max: int,
+    xp: Any = None,
+) -> Array:
+    """Expected squared error of quantizing the histogram's data with ``scale``/``zero_point``:
+    ``sum_j h_j (fq(c_j) - c_j)**2 / sum_j h_j`` (0 for an empty histogram), ``c_j`` the bin centers,
+    ``fq`` :func:`fake_quantize`. ``scale``/``zero_point``: scalars or one per channel (``hist.shape[:-1]``).
+    Works for any histogram (signed or of ``|x|``): it compares the qparams of several methods (MixObserver).
+    """
+    xp = array_namespace(hist, edges, xp=xp)
+    h = _prepare(hist, edges, xp)
+    if quant_min > quant_max:
+        raise ValueError(f"quant_min={quant_min} must be <= quant_max={quant_max}")
+    channels = h.counts.shape[0]
+    scale = xp.broadcast_to(xp.reshape(xp.astype(xp.asarray(scale, device=h.device), h.dtype), (-1, 1)), (channels, 1))
+    zero_point = xp.astype(xp.asarray(zero_point, device=h.device), h.dtype)
+    zero_point = xp.broadcast_to(xp.reshape(zero_point, (-1, 1)), (channels, 1))
+    centers = (h.edges[:, 1:] + h.edges[:, :-1]) / 2
+    norm = xp.max(xp.abs(h.edges), axis=-1)
+    norm = xp.where((norm > 0) & (norm < INF), norm, 1.0)
+    err = _squared_error(h.counts, centers, scale, zero_point, (quant_min, quant_max), norm, xp)[:, 0]
+    total = xp.sum(h.counts, axis=-1)
+    return _shaped(xp.where(total > 0, err * norm**2 / xp.where(total > 0, total, 1.0), 0.0), h, xp)
+
+
+# ----------------------------------------------------------------------------------------------
+# Percentile
+# ----------------------------------------------------------------------------------------------
+
+
+def percentile_range(
+    hist: Array, edges: Array, /, *, percentile: float = 99.99, symmetric: bool = True, xp: Any = None
+) -> tuple[Array, Array]:
+    """The range ``(lo, hi)`` that keeps ``percentile`` percent of the histogram's data.
+
+    ``S_j = sum(hist[:j + 1])``, ``N = S[-1]``, ``p = percentile / 100``:
+
+    - ``symmetric=True`` (a histogram of ``|x|``; ModelOpt's ``_compute_amax_percentile``, Quark's
+      symmetric ``get_min_max_by_percentile``, Horizon): ``hi = edges[i]`` with ``i`` the first bin
+      where ``S_i >= p N`` (the left edge of the bin where the cumulative histogram reaches ``p``),
+      ``lo = 0``.
+    - ``symmetric=False`` (a signed histogram): each tail keeps ``(1 - p) / 2``:
+      ``hi = edges[i]``, ``i`` the first bin with ``S_i >= (1 - (1 - p) / 2) N``, and ``lo`` the
+      mirror image, ``edges[bins - i']`` with ``i'`` the same index counted from the top, so reversing
+      the histogram negates the range exactly.
+
+    ``percentile`` must be in ``(0, 100]``. Comparisons use cumulative counts (exact for integer
+    counts), not a cumulative sum of fractions. An empty histogram gives ``hi = edges[0]`` and, when
+    not symmetric, ``lo = edges[-1]`` (an inverted range: ``calculate_qparams`` falls back to scale 1).
+    """
+    xp = array_namespace(hist, edges, xp=xp)
+    if isinstance(percentile, bool) or not isinstance(percentile, numbers.Real):
+        raise TypeError(f"percentile must be a float, got {type(percentile).__name__} {percentile!r}")
+    percentile = float(percentile)
+    if not 0 < percentile <= 100:
+        raise ValueError(f"percentile={percentile} is out of range; allowed: 0 < percentile <= 100")
+    symmetric = _check_bool(symmetric, "symmetric")
+    h = _prepare(hist, edges, xp)
+    bins = h.counts.shape[-1]
+    cum = xp.cumulative_sum(h.counts, axis=-1)
+    total = cum[:, -1:]
+    keep = percentile / 100 if symmetric else 1 - (100 - percentile) / 200
+    target = keep * total
+    count_dtype = index_dtype(xp)
+    hi_index = xp.sum(xp.astype(cum < target, count_dtype), axis=-1)
+    hi = _select(h.out_edges, hi_index, xp)
+    if symmetric:
+        return _shaped(xp.zeros_like(hi), h, xp), _shaped(hi, h, xp)
+    from_top = xp.cumulative_sum(xp.flip(h.counts, axis=-1), axis=-1)
+    lo_index = bins - xp.sum(xp.astype(from_top < target, count_dtype), axis=-1)
+    lo = _select(h.out_edges, lo_index, xp)
+    return _shaped(lo, h, xp), _shaped(hi, h, xp)
+
+
+# ----------------------------------------------------------------------------------------------
+# Histogram state on a power-of-two grid
+# ----------------------------------------------------------------------------------------------
+
+
+class CalibHistogram(NamedTuple):
+    """Counts on the grid ``edges = lo + width * arange(bins + 1)``.
+
+    ``counts`` (..., bins): integer counts (the namespace's index dtype); ``lo`` (...): the first edge,
+    a multiple of ``width``; ``width`` (...): the bin width, a power of two, ``0`` while nothing has been
+    counted. ``(...)`` is ``()`` per tensor or ``(C,)`` per channel.
+    """
+
+    counts: Array
+    lo: Array
+    width: Array
+
+
+def calib_histogram_init(
+    *, bins: int = 2048, num_channels: int | None = None, dtype: Any = None, device: Any = None, xp: Any
+) -> CalibHistogram:
+    """An empty histogram state of ``bins`` bins (>= 2), per tensor or of ``num_channels`` channels.
+
+    ``dtype`` (float32 by default) is that of ``lo``/``width`` and of the values being binned."""
+    bins = _check_int(bins, "bins", minimum=2)
+    shape = () if num_channels is None else (_check_int(num_channels, "num_channels", minimum=1),)
+    dtype = xp.float32 if dtype is None else dtype
+    return CalibHistogram(
+        xp.zeros(shape + (bins,), dtype=index_dtype(xp), device=device),
+        xp.zeros(shape, dtype=dtype, device=device),
+        xp.zeros(shape, dtype=dtype, device=device),
+    )
+
+
+def _exp2(e: Array, xp: Any) -> Array:
+    """``2**e`` for integer-valued ``e``, exactly (products of exact powers of two; ``pow`` and
+    ``exp2`` are not exact on every backend)."""
+    ei = xp.astype(e, xp.int32)
+    negative = ei < 0
+    magnitude = xp.abs(ei)
+    result = xp.ones_like(e)
+    limit = 1024 if e.dtype == xp.float64 else 128
+    bit = 0
+    while (1 << bit) < limit:
+        up = xp.asarray(2.0 ** (1 << bit), dtype=e.dtype, device=_device(e))
+        down = xp.asarray(2.0 ** -(1 << bit), dtype=e.dtype, device=_device(e))
+        use = ((magnitude >> bit) & 1) == 1
+        result = xp.where(use, result * xp.where(negative, down, up), result)
+        bit += 1
+    return result
+
+
+def _pow2_at_least(v: Array, xp: Any) -> Array:
+    """The smallest power of two ``>= v`` for positive normal finite ``v``."""
+    tiny, top = (-1022, 1023) if v.dtype == xp.float64 else (-126, 127)
+    p = _exp2(xp.clip(xp.ceil(xp.log2(v)), float(tiny), float(top)), xp)
+    p = xp.where(p * 0.5 >= v, p * 0.5, p)  # log2 may be off by an ulp either way
+    return xp.where(p < v, p * 2, p)
+
+
+def _grid(low: Array, high: Array, min_width: Array, bins: int, xp: Any) -> tuple[Array, Array]:
+    """The canonical grid covering ``[low, high]``: the smallest power-of-two width ``w >= min_width``
+    with ``floor(high / w) - floor(low / w) < bins`` and ``w >= max(|low|, |high|) / 2**(digits - 2)``
+    (so every ``x / w`` is an exactly representable integer part), ``lo = floor(low / w) * w``.
+    ``low > high`` (nothing to cover) gives the empty grid ``(0, 0)``."""
+    dtype = low.dtype
+    digits = 53 if dtype == xp.float64 else 24
+    smallest_normal = 2.0**-1022 if dtype == xp.float64 else 2.0**-126
+    empty = ~(low <= high)
+    low = xp.where(empty, 0.0, low)
+    high = xp.where(empty, 0.0, high)
+    magnitude = xp.maximum(xp.abs(low), xp.abs(high))
+    need = xp.maximum(high / bins - low / bins, min_width)
+    need = xp.maximum(need, xp.maximum(magnitude * 2.0 ** -(digits - 2), smallest_normal))
+    width = _pow2_at_least(need, xp)
+    for _ in range(2):  # one doubling suffices for bins >= 3, two for bins = 2
+        width = xp.where(xp.floor(high / width) - xp.floor(low / width) >= bins, width * 2, width)
+    lo = xp.floor(low / width) * width
+    return xp.where(empty, 0.0, lo), xp.where(empty, 0.0, width)
+
+
+def _rebin(counts: Array, lo: Array, width: Array, new_lo: Array, new_width: Array, xp: Any) -> Array:
+    """Counts of the grid ``(lo, width)`` on the coarser aligned grid ``(new_lo, new_width)``, exactly:
+    old bin ``j`` goes to new bin ``floor((lo / width + j) / r) - new_lo / new_width``,
+    ``r = new_width / width``, a run of old bins per new bin summed through prefix sums."""
+    bins = counts.shape[-1]
+    dtype = lo.dtype
+    filled = width > 0
+    safe_w = xp.where(filled, width, 1.0)
+    ratio = xp.where(filled, new_width / safe_w, 1.0)
+    offset = lo / safe_w
+    base = xp.where(new_width > 0, new_lo / xp.where(new_width > 0, new_width, 1.0), 0.0)
+    m = xp.arange(bins + 1, dtype=dtype, device=_device(counts))
+    first = xp.clip((m + base[:, None]) * ratio[:, None] - offset[:, None], 0.0, float(bins))
+    cs = _cumsum0(counts, xp)
+    at = _take_each(cs, xp.astype(first, index_dtype(xp)), xp)
+    return xp.where(filled[:, None], at[:, 1:] - at[:, :-1], xp.zeros_like(counts))
+
+
+def _bincount(index: Array, length: int, xp: Any) -> Array:
+    """Occurrences of each value of the 1-D non-negative ``index`` below ``length`` (the native kernel
+    where there is one, a sort + searchsorted fallback elsewhere)."""
+    if is_numpy_namespace(xp):
+        return np.bincount(index, minlength=length)[:length]
+    if is_torch_namespace(xp):
+        import torch
+
+        return torch.bincount(index, minlength=length)[:length]
+    if is_jax_namespace(xp):
+        import jax.numpy as jnp
+
+        return jnp.bincount(index, length=length)
+    if is_cupy_namespace(xp):
+        import cupy
+
+        return cupy.bincount(index, minlength=length)[:length]
+    ordered = xp.sort(index)
+    bounds = xp.searchsorted(ordered, xp.arange(length + 1, dtype=index.dtype, device=_device(index)))
+    return bounds[1:] - bounds[:-1]
+
+
+def _as_rows(state: CalibHistogram, xp: Any) -> tuple[Array, Array, Array]:
+    bins = state.counts.shape[-1]
+    return xp.reshape(state.counts, (-1, bins)), xp.reshape(state.lo, (-1,)), xp.reshape(state.width, (-1,))
+
+
+def _from_rows(state: CalibHistogram, counts: Array, lo: Array, width: Array, xp: Any) -> CalibHistogram:
+    return CalibHistogram(
+        xp.reshape(xp.astype(counts, state.counts.dtype), tuple(state.counts.shape)),
+        xp.reshape(lo, tuple(state.lo.shape)),
+        xp.reshape(width, tuple(state.width.shape)),
+    )
+
+
+def calib_histogram_update(
+    state: CalibHistogram, x: Array, /, *, axis: int | None = None, absolute: bool = False, xp: Any = None
+) -> CalibHistogram:
+    """Count ``x`` (``|x|`` with ``absolute``) into the state, per tensor or per channel along ``axis``.
+
+    The grid grows as needed: the new width is the smallest power of two (at least the old one) whose
+    aligned grid covers the old grid and the batch; old counts are re-binned exactly. With
+    ``absolute`` the grid starts at 0 (``lo = 0``), as the KL and MSE searches expect; use the same
+    ``absolute`` for every update of a state. NaN and +/-Inf are not counted. Values are cast to the
+    state's float dtype first (float16, bfloat16 and integers are fine). Empty ``x``: no-op.
+    """
+    xp = array_namespace(state.counts, xp=xp)
+    check_real(x, xp)
+    absolute = _check_bool(absolute, "absolute")
+    if size(x) == 0:
+        return state
+    counts, lo, width = _as_rows(state, xp)
+    channels, bins = counts.shape
+    if axis is None:
+        if state.lo.ndim != 0:
+            raise ValueError(f"a per-channel state of shape {tuple(state.lo.shape)} needs axis=<channel axis>")
+        rows = xp.reshape(x, (1, -1))
+    else:
+        axis = normalize_axis(axis, x.ndim)
+        if tuple(state.lo.shape) != (x.shape[axis],):
+            raise ValueError(
+                f"x has {x.shape[axis]} channels along axis {axis} but the state holds "
+                f"{tuple(state.lo.shape)}; build the state with num_channels={x.shape[axis]}"
+            )
+        rows = xp.reshape(xp.moveaxis(x, axis, 0), (channels, -1))
+    dtype = lo.dtype
+    rows = xp.astype(rows, dtype)
+    if absolute:
+        rows = xp.abs(rows)
+    finite = xp.isfinite(rows)
+    batch_lo = xp.min(xp.where(finite, rows, INF), axis=-1)
+    batch_hi = xp.max(xp.where(finite, rows, -INF), axis=-1)
+    if absolute:
+        batch_lo = xp.where(batch_lo <= batch_hi, 0.0, batch_lo)
+    old_lo, old_hi = _covered_rows(lo, width, bins, xp)
+    new_lo, new_width = _grid(
+        xp.minimum(old_lo, batch_lo), xp.maximum(old_hi, batch_hi), width, bins, xp
+    )
+    merged = _rebin(counts, lo, width, new_lo, new_width, xp)
+    safe_w = xp.where(new_width > 0, new_width, 1.0)
+    index = xp.floor(rows / safe_w[:, None]) - (new_lo / safe_w)[:, None]
+    index = xp.astype(xp.clip(index, 0.0, float(bins - 1)), index_dtype(xp))
+    offsets = xp.arange(channels, dtype=index.dtype, device=_device(counts))[:, None] * bins
+    flat = xp.where(finite, index + offsets, channels * bins)
+    fresh = _bincount(xp.reshape(flat, (-1,)), channels * bins + 1, xp)[: channels * bins]
+    fresh = xp.reshape(xp.astype(fresh, merged.dtype), (channels, bins))
+    return _from_rows(state, merged + fresh, new_lo, new_width, xp)
+
+
+def _covered_rows(lo: Array, width: Array, bins: int, xp: Any) -> tuple[Array, Array]:
+    """``(lo, left edge of the last bin)`` of each row's grid; ``(+inf, -inf)`` for an empty one."""
+    empty = width <= 0
+    return xp.where(empty, INF, lo), xp.where(empty, -INF, lo + (bins - 1) * width)
+
+
+def calib_histogram_merge(a: CalibHistogram, b: CalibHistogram, /, *, xp: Any = None) -> CalibHistogram:
+    """The histogram of both states' data, exactly: both are re-binned onto the canonical grid that
+    covers both grids with the larger width, then added. Associative and commutative, with
+    :func:`calib_histogram_init` as identity."""
+    xp = array_namespace(a.counts, b.counts, xp=xp)
+    if tuple(a.counts.shape) != tuple(b.counts.shape):
+        raise ValueError(f"cannot merge histogram states of shapes {tuple(a.counts.shape)} and {tuple(b.counts.shape)}")
+    ca, la, wa = _as_rows(a, xp)
+    cb, lb, wb = _as_rows(b, xp)
+    bins = ca.shape[-1]
+    a_lo, a_hi = _covered_rows(la, wa, bins, xp)
+    b_lo, b_hi = _covered_rows(lb, wb, bins, xp)
+    new_lo, new_width = _grid(xp.minimum(a_lo, b_lo), xp.maximum(a_hi, b_hi), xp.maximum(wa, wb), bins, xp)
+    counts = _rebin(ca, la, wa, new_lo, new_width, xp) + _rebin(cb, lb, wb, new_lo, new_width, xp)
+    return _from_rows(a, counts, new_lo, new_width, xp)
+
+
+def calib_histogram_edges(state: CalibHistogram, /, *, xp: Any = None) -> Array:
+    """The ``bins + 1`` edges ``lo + width * arange(bins + 1)`` (exact), shape ``(..., bins + 1)``."""
+    xp = array_namespace(state.lo, xp=xp)
+    bins = state.counts.shape[-1]
+    steps = xp.arange(bins + 1, dtype=state.lo.dtype, device=_device(state.lo))
+    return state.lo[..., None] + state.width[..., None] * steps
