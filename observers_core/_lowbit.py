@@ -33,6 +33,7 @@ from ._mx import (
     bfp_fake_quantize,
     bfp_scale,
     block_aminmax,
+    blocked_aminmax,
     check_block_size,
     check_rounding,
     compute_dtype,
@@ -138,7 +139,7 @@ def group_aminmax(
     raises ``ValueError``. Results: ``x.shape`` with ``axis`` replaced by the number of groups, in
     ``x``'s floating dtype (float32 for integers). NaN propagates unless ``ignore_nonfinite``.
     """
-    return block_aminmax(x, axis=axis, block_size=group_size, pad=False, ignore_nonfinite=ignore_nonfinite, xp=xp)
+    return blocked_aminmax(x, axis, group_size, False, ignore_nonfinite, xp, name="group_size")
 
 
 def _apply(x: Array, params: tuple[Array, ...], axis: int | None, group_size: int | None, fn: Any, xp: Any) -> Array:

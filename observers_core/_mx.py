@@ -171,10 +171,17 @@ def block_aminmax(
     ``block_size=-1`` is one block per axis. NaN propagates unless ``ignore_nonfinite``, which skips NaN
     and +/-Inf (a block with no finite value gives ``(+inf, -inf)``). Dtype: ``x``'s (floating).
     """
+    return blocked_aminmax(x, axis, block_size, pad, ignore_nonfinite, xp, name="block_size")
+
+
+def blocked_aminmax(
+    x: Array, axis: int, block_size: int, pad: bool, ignore_nonfinite: bool, xp: Any, *, name: str
+) -> tuple[Array, Array]:
+    """:func:`block_aminmax` with the size argument reported as ``name`` in errors."""
     xp = array_namespace(x, xp=xp)
     check_real(x, xp)
     axis = normalize_axis(axis, x.ndim)
-    block_size = check_block_size(block_size, name="block_size", allow_whole=True)
+    block_size = check_block_size(block_size, name=name, allow_whole=True)
     if not xp.isdtype(x.dtype, "real floating"):
         x = xp.astype(x, xp.float32)
     xb = to_blocks(x, axis, block_size, xp, pad=pad)

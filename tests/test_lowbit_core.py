@@ -340,3 +340,390 @@ def test_mx_float64_and_e8m0_clamp():
         x = xp_arr(np.full((1, 32), 1e300))
         y = to_numpy(oc.mx_fake_quantize(x, xp_arr(np.array([[254]], np.uint8))))
         assert (y == 448 * 2.0**127).all()
+
+
+# ------------------------------------------------------------------------------- per-group ints
+
+INT_DTYPES = list(oc.INT_RANGES)
+_TORCH_TARGET = {"int2": torch.int8, "int3": torch.int8, "int4": torch.int8, "int8": torch.int8,
+                 "uint4": torch.uint8, "uint8": torch.uint8}
+
+
+def int_rows(rng) -> np.ndarray:
+    """(64, 256) float32 weights with row scales over 6 decades, an all-zero row, an all-positive row,
+    an all-negative row and a constant row."""
+    x = (rng.standard_normal((64, 256)) * 10.0 ** rng.uniform(-3, 3, (64, 1))).astype(np.float32)
+    x[3] = 0
+    x[4] = np.abs(x[4])
+    x[5] = -np.abs(x[5])
+    x[6] = 0.37
+    return x
+
+
+@pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+def test_group_qparams_match_torchao(torchao_affine, dtype, symmetric):
+    """Scale and zero point bit-for-bit equal to torchao's ``choose_qparams_affine`` with
+    ``block_size=(1, 32)`` (float32 eps passed to both), and fake quantization equal to its
+    ``_fake_quantize_affine``."""
+    x = int_rows(np.random.default_rng(10))
+    qmin, qmax = oc.INT_RANGES[dtype]
+    mapping = torchao_affine["mapping"].SYMMETRIC if symmetric else torchao_affine["mapping"].ASYMMETRIC
+    eps = float(np.finfo(np.float32).eps)
+    s_t, z_t = torchao_affine["choose"](torch.from_numpy(x), mapping, (1, 32), _TORCH_TARGET[dtype], qmin, qmax, eps=eps)
+    lo, hi = oc.group_aminmax(x, axis=-1, group_size=32)
+    qp = oc.group_qparams(lo, hi, dtype=dtype, symmetric=symmetric)
+    np.testing.assert_array_equal(qp.scale, s_t.numpy())
+    np.testing.assert_array_equal(qp.zero_point, z_t.numpy())
+    assert qp.zero_point.dtype == np.int32 and qp.scale.dtype == np.float32
+    y_t = torchao_affine["fake"](torch.from_numpy(x), (1, 32), s_t, z_t, _TORCH_TARGET[dtype], qmin, qmax)
+    y = oc.group_fake_quantize(x, qp.scale, qp.zero_point, dtype=dtype, axis=-1, group_size=32)
+    np.testing.assert_array_equal(y, y_t.numpy())
+
+
+def test_group_qparams_torchao_default_eps(torchao_affine):
+    """torchao's default ``eps`` is the input's smallest normal: passing it gives its all-zero groups."""
+    x = np.zeros((2, 64), np.float32)
+    x[1, 5] = 1.0
+    s_t, z_t = torchao_affine["choose"](torch.from_numpy(x), torchao_affine["mapping"].ASYMMETRIC, (1, 32), torch.int8, -8, 7)
+    lo, hi = oc.group_aminmax(x, axis=-1, group_size=32)
+    qp = oc.group_qparams(lo, hi, dtype="int4", eps=float(np.finfo(np.float32).smallest_normal))
+    np.testing.assert_array_equal(qp.scale, s_t.numpy())
+    np.testing.assert_array_equal(qp.zero_point, z_t.numpy())
+
+
+@pytest.mark.parametrize("symmetric", [False, True], ids=["asym", "sym"])
+@pytest.mark.parametrize("dtype", INT_DTYPES)
+def test_group_pipeline_every_backend(backend, torchao_affine, dtype, symmetric):
+    """Per-group min/max (axis 0, groups of 16) equal the float64 reference; scale, zero point and fake
+    quantization equal torchao's (``block_size=(16, 1)``) bit for bit on every backend (JAX under jit)."""
+    x = int_rows(np.random.default_rng(11)).T.copy()  # (256, 64): groups along axis 0
+    qmin, qmax = oc.INT_RANGES[dtype]
+
+    def pipeline(a, *, dtype, symmetric):
+        lo, hi = oc.group_aminmax(a, axis=0, group_size=16)
+        qp = oc.group_qparams(lo, hi, dtype=dtype, symmetric=symmetric)
+        return lo, hi, qp, oc.group_fake_quantize(a, *qp, dtype=dtype, axis=0, group_size=16)
+
+    lo, hi, qp, y = call(backend, pipeline, x, dtype=dtype, symmetric=symmetric)
+    r_lo, r_hi = ref.group_minmax(x, 0, 16)
+    np.testing.assert_array_equal(to_numpy(lo), r_lo)
+    np.testing.assert_array_equal(to_numpy(hi), r_hi)
+    r_s, _ = ref.int_qparams(r_lo, r_hi, qmin, qmax, symmetric, float(np.finfo(np.float32).eps))
+    np.testing.assert_allclose(to_numpy(qp.scale), r_s, rtol=2e-7)  # float32 rounding of the float64 formula
+    mapping = torchao_affine["mapping"].SYMMETRIC if symmetric else torchao_affine["mapping"].ASYMMETRIC
+    s_t, z_t = torchao_affine["choose"](torch.from_numpy(x), mapping, (16, 1), _TORCH_TARGET[dtype], qmin, qmax,
+                                        eps=float(np.finfo(np.float32).eps))
+    np.testing.assert_array_equal(to_numpy(qp.scale), s_t.numpy())
+    np.testing.assert_array_equal(to_numpy(qp.zero_point), z_t.numpy())
+    y_t = torchao_affine["fake"](torch.from_numpy(x), (16, 1), s_t, z_t, _TORCH_TARGET[dtype], qmin, qmax)
+    np.testing.assert_array_equal(to_numpy(y), y_t.numpy())
+
+
+def test_group_granularities_and_edge_ranges(backend):
+    """Per tensor (0-d range) and per channel (axis kept) fake quantization equal torch's
+    ``fake_quantize_per_{tensor,channel}_affine`` with the same qparams; whole-axis groups are per-row
+    ranges; nothing observed (+inf, -inf) gives s = 1, z = 0; NaN gives s = NaN, z = 0; Inf gives
+    s = inf; an all-zero range gives s = eps, z = Q_min (asymmetric)."""
+    x = int_rows(np.random.default_rng(12))[:8, :64]
+    eps = float(np.finfo(np.float32).eps)
+    lo_t, hi_t = x.min(), x.max()
+    qp = call(backend, oc.group_qparams, np.asarray(lo_t), np.asarray(hi_t), dtype="uint8", symmetric=False)
+    np.testing.assert_allclose(to_numpy(qp.scale), ref.int_qparams(lo_t, hi_t, 0, 255, False, eps)[0], rtol=2e-7)
+    y = to_numpy(call(backend, oc.group_fake_quantize, x, qp.scale, qp.zero_point, dtype="uint8"))
+    y_t = torch.fake_quantize_per_tensor_affine(torch.from_numpy(x), float(to_numpy(qp.scale)), int(to_numpy(qp.zero_point)), 0, 255)
+    np.testing.assert_array_equal(y, y_t.numpy())
+    # per channel along axis 1 (ranges over axis 0)
+    lo_c, hi_c = x.min(axis=0), x.max(axis=0)
+    qp = call(backend, oc.group_qparams, lo_c, hi_c, dtype="int3", symmetric=True)
+    np.testing.assert_allclose(to_numpy(qp.scale), ref.int_qparams(lo_c, hi_c, -4, 3, True, eps)[0], rtol=2e-7)
+    y = to_numpy(call(backend, oc.group_fake_quantize, x, qp.scale, qp.zero_point, dtype="int3", axis=1))
+    y_t = torch.fake_quantize_per_channel_affine(
+        torch.from_numpy(x), torch.tensor(to_numpy(qp.scale)), torch.tensor(to_numpy(qp.zero_point)), 1, -4, 3
+    )
+    np.testing.assert_array_equal(y, y_t.numpy())
+    # whole-axis groups equal per-row ranges
+    lo_g, hi_g = call(backend, oc.group_aminmax, x, axis=-1, group_size=-1)
+    np.testing.assert_array_equal(to_numpy(lo_g)[:, 0], x.min(axis=1))
+    # special ranges
+    lo = np.array([np.inf, np.nan, -1.0, 0.0], np.float32)
+    hi = np.array([-np.inf, 1.0, np.inf, 0.0], np.float32)
+    qp = call(backend, oc.group_qparams, lo, hi, dtype="int4")
+    s, z = to_numpy(qp.scale), to_numpy(qp.zero_point)
+    assert s[0] == 1 and z[0] == 0
+    assert np.isnan(s[1]) and z[1] == 0
+    assert s[2] == np.inf
+    assert s[3] == np.float32(np.finfo(np.float32).eps) and z[3] == -8
+
+
+def test_group_input_dtypes():
+    """float16 / integer inputs: stats in the input's floating dtype, qparams in float32, fake
+    quantization in the input's dtype (integers: float32); bfloat16 through torch."""
+    rng = np.random.default_rng(13)
+    xh = rng.standard_normal((4, 64)).astype(np.float16)
+    lo, hi = oc.group_aminmax(xh, axis=-1, group_size=32)
+    assert lo.dtype == np.float16
+    qp = oc.group_qparams(lo, hi, dtype="int4")
+    assert qp.scale.dtype == np.float32
+    assert oc.group_fake_quantize(xh, *qp, dtype="int4", axis=-1, group_size=32).dtype == np.float16
+    xi = rng.integers(-50, 50, (4, 64))
+    lo, hi = oc.group_aminmax(xi, axis=-1, group_size=16)
+    np.testing.assert_array_equal(lo, ref.group_minmax(xi, -1, 16)[0])
+    qp = oc.group_qparams(lo, hi, dtype="int8", symmetric=True)
+    yi = oc.group_fake_quantize(xi, *qp, dtype="int8", axis=-1, group_size=16)
+    assert yi.dtype == np.float32
+    xb = torch.from_numpy(xh.astype(np.float32)).to(torch.bfloat16)
+    lo, hi = oc.group_aminmax(xb, axis=-1, group_size=32)
+    assert lo.dtype == torch.bfloat16
+    assert oc.group_fake_quantize(xb, *oc.group_qparams(lo, hi), dtype="int4", axis=-1, group_size=32).dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------------- fp8
+
+FP8 = {"float8_e4m3fn": ("fp8_e4m3", torch.float8_e4m3fn), "float8_e5m2": ("fp8_e5m2", torch.float8_e5m2)}
+
+
+def fp8_ties(name: str) -> np.ndarray:
+    """Every grid midpoint of an fp8 type, one ulp either side, the grid itself and past the max."""
+    grid = ref.element_grid(name).astype(np.float32)
+    mid = ((grid[1:].astype(np.float64) + grid[:-1]) / 2).astype(np.float32)
+    v = np.concatenate([grid, mid, np.nextafter(mid, np.float32(0)), np.nextafter(mid, np.float32(np.inf)),
+                        [grid[-1] * 1.01, grid[-1] * 4, 1e30]]).astype(np.float32)
+    return np.concatenate([v, -v])
+
+
+@pytest.mark.parametrize("granularity", ["per_tensor", "per_channel", "per_group"])
+@pytest.mark.parametrize("dtype", list(FP8))
+def test_fp8_fake_quantize_matches_torch_cast(dtype, granularity):
+    """``fp8(clip(x / s)) * s`` equals torch's native float8 cast (Quark's and torchao's formula) on
+    random data plus every rounding tie of the format."""
+    rng = np.random.default_rng(20)
+    x = (rng.standard_normal((8, 256)) * 3.0 ** rng.integers(-5, 5, (8, 1))).astype(np.float32)
+    ties = fp8_ties(FP8[dtype][0])[:1024]
+    x[:4].reshape(-1)[: ties.size] = ties / 2**3  # rows 0-3 get the scale 2**-3 below: x / s hits the ties
+    if granularity == "per_tensor":
+        kw, s = {}, np.float32(2**-3)
+        s_b = s
+    elif granularity == "per_channel":
+        kw, s = {"axis": 0}, oc.fp8_scale(np.max(np.abs(x), axis=1), dtype=dtype)
+        s[:4] = 2**-3
+        s_b = s[:, None]
+    else:
+        kw, s = {"axis": 1, "group_size": 64}, oc.fp8_scale(np.max(np.abs(x.reshape(8, 4, 64)), axis=2), dtype=dtype)
+        s[:4] = 2**-3
+        s_b = np.repeat(s, 64, axis=1)
+    y = oc.fp8_fake_quantize(x, s, dtype=dtype, **kw)
+    fmax = oc.FP8_MAX[dtype]
+    xt, st = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(np.broadcast_to(s_b, x.shape)))
+    y_t = (xt / st).clamp(-fmax, fmax).to(FP8[dtype][1]).to(torch.float32) * st
+    np.testing.assert_array_equal(y, y_t.numpy())
+
+
+@pytest.mark.parametrize("dtype", list(FP8))
+def test_fp8_reference(backend, dtype):
+    """fp8 scale ``amax / max_fp8`` (zero -> float32 eps, NaN -> NaN, Inf -> Inf) and per-group fake
+    quantization equal the float64 reference on every backend."""
+    rng = np.random.default_rng(21)
+    x = (rng.standard_normal((6, 128)) * 7.0 ** rng.integers(-6, 6, (6, 1))).astype(np.float32)
+    x[2] = 0
+    amax = np.abs(x).reshape(6, 4, 32).max(axis=2)
+    amax_special = np.concatenate([amax.ravel(), [np.nan, np.inf, 0.0]]).astype(np.float32)
+    s_all = to_numpy(call(backend, oc.fp8_scale, amax_special, dtype=dtype))
+    r = (amax_special.astype(np.float64) / oc.FP8_MAX[dtype]).astype(np.float32)  # one correctly rounded division
+    r[r == 0] = np.finfo(np.float32).eps
+    np.testing.assert_array_equal(s_all[:-3], r[:-3])
+    assert np.isnan(s_all[-3]) and s_all[-2] == np.inf and s_all[-1] == np.float32(np.finfo(np.float32).eps)
+    s = s_all[:-3].reshape(6, 4)
+    y = to_numpy(call(backend, oc.fp8_fake_quantize, x, s, dtype=dtype, axis=1, group_size=32))
+    expected = ref.fp8_fake_quantize(x, np.repeat(s.astype(np.float64), 32, axis=1), FP8[dtype][0])
+    assert _same(y, expected.astype(np.float32))
+    assert (y[2] == 0).all()
+
+
+# ------------------------------------------------------------------------------------------- BFP
+
+
+def bfp_rows(rng) -> np.ndarray:
+    """(12, 64) float32: random scales, blocks whose largest mantissa rounds to 128 (127.5 ties to
+    even, 127.74), stays at 127 (127.4), rounds to -128 (-127.74, -127.5: no overflow for negatives),
+    zeros, NaN and Inf."""
+    x = (rng.standard_normal((12, 64)) * 2.0 ** rng.integers(-20, 20, (12, 1))).astype(np.float32)
+    for r, (peak, k) in enumerate([(127.5, 0), (127.74, 3), (127.4, -5), (-127.74, 2), (-127.5, 0), (127.5, -60)]):
+        x[r, :8] = rng.uniform(-60, 60, 8) * 2.0 ** (k - 6)
+        x[r, 3] = peak * 2.0 ** (k - 6) * 1.0  # mantissa ~peak relative to 2**(k - 6), k = floor(log2(amax))
+    x[6, 8:16] = 0
+    x[7, 16] = np.nan
+    x[8, 24] = np.inf
+    x[9, 32:40] = np.nan
+    return x
+
+
+def test_bfp_reference(backend):
+    """BFP16 shared exponents follow Quark's overflow rule (a mantissa rounding to 128 bumps the
+    exponent; one rounding to -128 fits) and fake quantization equals the float64 reference on every backend; NaN/Inf
+    are skipped for the exponent (Quark zeroes them), NaN stays NaN and Inf saturates."""
+    x = bfp_rows(np.random.default_rng(30))
+
+    def pipeline(a):
+        lo, hi = oc.block_aminmax(a, block_size=8, ignore_nonfinite=True)
+        bs = oc.bfp_scale(lo, hi)
+        return bs, oc.bfp_fake_quantize(a, bs.exponent)
+
+    bs, y = call(backend, pipeline, x)
+    codes = ref.bfp_codes(x)
+    np.testing.assert_array_equal(to_numpy(bs.exponent), codes)
+    assert codes[0, 0] == 127 + 1 and codes[1, 0] == 127 + 4 and codes[2, 0] == 127 - 5
+    assert codes[3, 0] == 127 + 2 and codes[4, 0] == 127  # -127.74 and -127.5 round to -128: it fits
+    assert codes[6, 1] == 0 and codes[9, 4] == 0  # all zero / all NaN
+    y = to_numpy(y)
+    assert _same(y, ref.bfp_fake_quantize(x, codes).astype(np.float32))
+    assert np.isnan(y[7, 16]) and y[8, 24] == 127 * 2.0 ** (codes[8, 3] - 127 - 6)
+
+
+def test_bfp_matches_quark_formula_in_torch():
+    """Quark's ``fake_quantize_bfp16`` steps written with torch ops (nan_to_num, ``2**floor(log2)``,
+    the [-129, 128] overflow probe, then [-128, 127]) give our values on normal data."""
+    x = torch.from_numpy(bfp_rows(np.random.default_rng(31))[:7])
+    blocks = x.reshape(-1, 8)
+    clean = torch.nan_to_num(blocks, nan=0.0, posinf=0.0, neginf=0.0)
+    amax = clean.abs().amax(dim=-1)
+    scale = torch.pow(2, torch.floor(torch.log2(amax)) - 6).masked_fill(amax == 0, float(np.finfo(np.float32).eps))
+    probe = torch.clamp(torch.round(clean / scale[:, None]), -129, 128)
+    amax = amax * torch.pow(2, ((probe >= 128) | (probe < -128)).any(dim=-1).float())
+    scale = torch.pow(2, torch.floor(torch.log2(amax)) - 6).masked_fill(amax == 0, float(np.finfo(np.float32).eps))
+    y_quark = (torch.clamp(torch.round(clean / scale[:, None]), -128, 127) * scale[:, None]).reshape(x.shape)
+    lo, hi = oc.block_aminmax(x, block_size=8, ignore_nonfinite=True)
+    y = oc.bfp_fake_quantize(x, oc.bfp_scale(lo, hi).exponent)
+    np.testing.assert_array_equal(y.numpy(), y_quark.numpy())
+
+
+# ---------------------------------------------------------------------------- spec and dispatch
+
+
+def test_lowbit_spec_defaults_and_hashable():
+    assert oc.lowbit_spec("mxfp4") == oc.LowBitSpec("mxfp4", "per_block", -1, 32, True, "floor")
+    assert oc.lowbit_spec("bfp16") == oc.LowBitSpec("bfp16", "per_block", -1, 8, True, None)
+    assert oc.lowbit_spec("int4", axis=1, group_size=128).granularity == "per_group"
+    assert oc.lowbit_spec("int8", axis=0).granularity == "per_channel"
+    assert oc.lowbit_spec("uint4").granularity == "per_tensor"
+    assert oc.lowbit_spec("torch.float8_e4m3fn").symmetric is True
+    assert oc.lowbit_spec("mxfp8_e4m3", rounding="even", group_size=16, axis=0).rounding == "even"
+    assert len({oc.lowbit_spec("int4", axis=1, group_size=32), oc.lowbit_spec("int4", axis=1, group_size=32)}) == 1
+
+
+SPECS = [
+    dict(dtype="int4", axis=1, group_size=32),
+    dict(dtype="uint8", symmetric=True),
+    dict(dtype="int8", axis=0, symmetric=True),
+    dict(dtype="float8_e4m3fn", axis=1, group_size=64),
+    dict(dtype="float8_e5m2"),
+    dict(dtype="mxfp4", rounding="even"),
+    dict(dtype="mxint8", rounding="rceil", group_size=16),
+    dict(dtype="mxfp6_e2m3", axis=0, rounding="ceil"),
+    dict(dtype="bfp16"),
+]
+
+
+@pytest.mark.parametrize("config", SPECS, ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_dispatch_static_and_dynamic(backend, config):
+    """``lowbit_stats`` -> ``lowbit_qparams`` -> ``lowbit_fake_quantize`` under jit (the spec is static)
+    equals the direct functions; merging two batches' stats (static mode) equals the stats of both."""
+    spec = oc.lowbit_spec(**config)
+    rng = np.random.default_rng(40)
+    a = (rng.standard_normal((64, 128)) * 3).astype(np.float32)
+    b = (rng.standard_normal((64, 128)) * 5).astype(np.float32)
+
+    def calibrate(x1, x2, *, spec):
+        s = oc.minmax_merge(oc.lowbit_stats(x1, spec), oc.lowbit_stats(x2, spec))
+        qp = oc.lowbit_qparams(s, spec)
+        return s, qp, oc.lowbit_fake_quantize(x1, qp, spec)
+
+    state, qp, y = call(backend, calibrate, a, b, spec=spec)
+    if spec.granularity == "per_tensor":
+        both = np.concatenate([a, b])
+        lo, hi = np.float32(both.min()), np.float32(both.max())
+    elif spec.granularity == "per_channel":
+        both = np.concatenate([a, b], axis=1 - spec.axis)  # the reduced axis
+        lo, hi = both.min(axis=1 - spec.axis), both.max(axis=1 - spec.axis)
+    else:  # groups / blocks: the float64 reference's blocks of each batch, combined
+        bl = [ref.blocks(v, spec.axis, spec.group_size) for v in (a, b)]
+        lo = np.moveaxis(np.minimum(bl[0].min(axis=-1), bl[1].min(axis=-1)), -1, spec.axis).astype(np.float32)
+        hi = np.moveaxis(np.maximum(bl[0].max(axis=-1), bl[1].max(axis=-1)), -1, spec.axis).astype(np.float32)
+    np.testing.assert_array_equal(to_numpy(state.min_val), lo)
+    np.testing.assert_array_equal(to_numpy(state.max_val), hi)
+    if spec.family == "int":
+        qd = oc.group_qparams(lo, hi, dtype=spec.dtype, symmetric=spec.symmetric)
+        yd = oc.group_fake_quantize(a, *qd, dtype=spec.dtype, axis=spec.axis,
+                                    group_size=spec.group_size if spec.granularity == "per_group" else None)
+        np.testing.assert_array_equal(to_numpy(qp.zero_point), qd.zero_point)
+    elif spec.family == "fp8":
+        qd = oc.QParams(oc.fp8_scale(np.maximum(-lo, hi), dtype=spec.dtype), None)
+        yd = oc.fp8_fake_quantize(a, qd.scale, dtype=spec.dtype, axis=spec.axis, group_size=spec.group_size)
+    elif spec.family == "mx":
+        qd = oc.mx_scale(np.maximum(-lo, hi), element=oc.MX_DTYPES[spec.dtype], rounding=spec.rounding)
+        yd = oc.mx_fake_quantize(a, qd.exponent, element=oc.MX_DTYPES[spec.dtype], axis=spec.axis, block_size=spec.group_size)
+        np.testing.assert_array_equal(to_numpy(qp.exponent), qd.exponent)
+    else:
+        qd = oc.bfp_scale(lo, hi)
+        yd = oc.bfp_fake_quantize(a, qd.exponent)
+    np.testing.assert_array_equal(to_numpy(qp.scale), qd.scale)
+    np.testing.assert_array_equal(to_numpy(y), yd)
+
+
+# ------------------------------------------------------------------------------- bad arguments
+
+
+@pytest.mark.parametrize(
+    "call_, match",
+    [
+        (lambda x: oc.block_aminmax(x, block_size=0), "block_size=0"),
+        (lambda x: oc.mx_fake_quantize(x, np.zeros((4, 2), np.uint8), block_size=-3), "block_size=-3"),
+        (lambda x: oc.mx_scale(np.ones(3), element="fp7_e3m3"), "element='fp7_e3m3'"),
+        (lambda x: oc.mx_scale(np.ones(3), rounding="up"), "rounding='up'"),
+        (lambda x: oc.block_aminmax(x, axis=2), "axis=2"),
+        (lambda x: oc.mx_fake_quantize(x, np.zeros((4, 2), np.uint8), axis=-3), "axis=-3"),
+        (lambda x: oc.group_aminmax(x, axis=1, group_size=24), "group_size=24"),
+        (lambda x: oc.group_aminmax(x, axis=1, group_size=0), "group_size=0"),
+        (lambda x: oc.group_qparams(x, x, dtype="int5"), "dtype='int5'"),
+        (lambda x: oc.fp8_scale(x, dtype="float8_e3m4"), "dtype='float8_e3m4'"),
+        (lambda x: oc.group_fake_quantize(x, 1.0, 0, group_size=4), "group_size=4"),
+        (lambda x: oc.mx_fake_quantize(x, np.zeros((4, 3), np.uint8)), "exponent has shape"),
+        (lambda x: oc.group_fake_quantize(x, np.ones((4, 3)), np.zeros((4, 3)), axis=1, group_size=32), "qparams have shape"),
+        (lambda x: oc.lowbit_spec("int4", granularity="per_block"), "granularity='per_block'"),
+        (lambda x: oc.lowbit_spec("mxfp4", rounding="nearest"), "rounding='nearest'"),
+        (lambda x: oc.lowbit_spec("bfp16", rounding="floor"), "rounding='floor'"),
+        (lambda x: oc.lowbit_spec("float8_e5m2", symmetric=False), "symmetric=False"),
+        (lambda x: oc.lowbit_spec("int4", granularity="per_group"), "needs an axis"),
+        (lambda x: oc.lowbit_spec("mxfp9"), "dtype='mxfp9'"),
+        (lambda x: oc.lowbit_spec("mxfp4", group_size=0), "group_size=0"),
+        (lambda x: oc.lowbit_spec("int8", eps=0.0), "eps=0.0"),
+    ],
+)
+def test_bad_arguments_raise_value_error(call_, match):
+    x = np.ones((4, 64), np.float32)
+    with pytest.raises(ValueError, match=match):
+        call_(x)
+
+
+def test_bad_types_raise_type_error():
+    x = np.ones((4, 64), np.float32)
+    with pytest.raises(TypeError, match="block_size"):
+        oc.block_aminmax(x, block_size=2.5)
+    with pytest.raises(TypeError, match="axis"):
+        oc.block_aminmax(x, axis=1.0)
+    with pytest.raises(TypeError, match="dtype"):
+        oc.mx_fake_quantize(np.ones((2, 32), bool), np.zeros((2, 1), np.uint8))
+
+
+def test_empty_inputs(backend):
+    """Zero rows give zero blocks and empty results; a zero-length axis has no whole-axis group."""
+    x = np.zeros((0, 64), np.float32)
+    lo, hi = call(backend, oc.block_aminmax, x)
+    assert tuple(lo.shape) == (0, 2)
+    y = call(backend, oc.mx_fake_quantize, x, np.zeros((0, 2), np.uint8))
+    assert tuple(y.shape) == (0, 64)
+    lo, hi = call(backend, oc.group_aminmax, x, axis=1, group_size=16)
+    assert tuple(hi.shape) == (0, 4)
+    assert tuple(call(backend, oc.mx_scale, np.zeros((0, 2), np.float32)).exponent.shape) == (0, 2)
+    with pytest.raises(ValueError, match="length 0"):
+        oc.group_aminmax(np.zeros((3, 0), np.float32), axis=1, group_size=-1)
