@@ -10,7 +10,16 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ._dtypes import QuantSpec
-from ._namespace import array_namespace, device_of, check_real, is_torch_namespace, normalize_axis, rounded, size
+from ._namespace import (
+    array_namespace,
+    check_real,
+    device_of,
+    is_jax_namespace,
+    is_torch_namespace,
+    normalize_axis,
+    rounded,
+    size,
+)
 from ._qparams import QParams, calculate_qparams
 
 __all__ = [
@@ -59,10 +68,15 @@ def aminmax(
         x_lo = x_hi = x
     if is_torch_namespace(xp) and x_lo is x_hi:
         return _torch_aminmax(x, axis)
-    if axis is None:
-        return xp.min(x_lo), xp.max(x_hi)
-    others = tuple(i for i in range(x.ndim) if i != axis)
-    return xp.min(x_lo, axis=others), xp.max(x_hi, axis=others)
+    others = None if axis is None else tuple(i for i in range(x.ndim) if i != axis)
+    lo, hi = xp.min(x_lo, axis=others), xp.max(x_hi, axis=others)
+    if is_jax_namespace(xp) and not ignore_nonfinite and xp.isdtype(x.dtype, "real floating"):
+        # XLA:CPU's min/max reductions drop NaN over >= 4096 elements (jax 0.10: the min of 4096 ones
+        # and a NaN is +inf); restore the NaN propagation every other backend has.
+        nan_seen = xp.any(xp.isnan(x), axis=others)
+        nan = xp.asarray(float("nan"), dtype=x.dtype, device=device_of(x))
+        lo, hi = xp.where(nan_seen, nan, lo), xp.where(nan_seen, nan, hi)
+    return lo, hi
 
 
 def _torch_aminmax(x: Array, axis: int | None) -> tuple[Array, Array]:

@@ -312,3 +312,17 @@ def test_aminmax_per_channel_any_axis(xp):
         others = tuple(i for i in range(4) if i != axis % 4)
         np.testing.assert_array_equal(to_numpy(lo), x.min(axis=others))
         np.testing.assert_array_equal(to_numpy(hi), x.max(axis=others))
+
+
+@pytest.mark.parametrize("n", [7, 4096, 100_003])
+def test_nan_propagates_on_large_inputs(xp, n):
+    """XLA:CPU's reductions drop NaN past 4096 elements; the core restores torch's propagation."""
+    x = np.ones((n,), dtype=np.float32)
+    x[n // 2] = np.nan
+    lo, hi = oc.aminmax(xp.asarray(x))
+    assert np.isnan(to_numpy(lo)) and np.isnan(to_numpy(hi))
+    x2 = np.ones((3, n), dtype=np.float32)
+    x2[1, -1] = np.nan
+    lo, hi = oc.aminmax(xp.asarray(x2), axis=0)
+    assert np.isnan(to_numpy(lo)).tolist() == [False, True, False]
+    assert np.isnan(to_numpy(hi)).tolist() == [False, True, False]
