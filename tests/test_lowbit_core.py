@@ -199,18 +199,23 @@ def test_mx_rceil_rounds_the_float32_quotient_up():
 # ------------------------------------------------------------------------- MX on every backend
 
 
-@pytest.mark.parametrize("rounding", ROUNDINGS)
-@pytest.mark.parametrize("element", ELEMENTS)
-def test_mx_exponent_reference(backend, element, rounding):
-    """E8M0 codes equal the float64 reference on every backend (no subnormal inputs: XLA on CPU
-    flushes them to zero, see ``test_mx_subnormal_inputs``), including NaN, Inf and zero blocks."""
-    x = mx_rows(np.random.default_rng(2), subnormals=False)
+def _mx_all_roundings(a, *, element):
+    return tuple(mx_pipeline(a, element=element, rounding=r) for r in ROUNDINGS)
 
-    out = call(backend, mx_pipeline, x, element=element, rounding=rounding)
-    np.testing.assert_array_equal(to_numpy(out.exponent), ref.mx_codes(x, element, rounding))
-    expected_scale = np.where(to_numpy(out.exponent) == 255, np.nan, np.ldexp(1.0, to_numpy(out.exponent).astype(int) - 127))
-    assert _same(to_numpy(out.scale), expected_scale)
-    assert to_numpy(out.exponent).dtype == np.uint8
+
+@pytest.mark.parametrize("element", ELEMENTS)
+def test_mx_exponent_reference(backend, element):
+    """E8M0 codes for floor, ceil, even and rceil equal the float64 reference on every backend (no
+    subnormal inputs: XLA on CPU flushes them to zero, see ``test_mx_subnormal_inputs``), including
+    NaN, Inf and zero blocks; ``scale`` is ``2**(c - 127)`` (NaN for 255)."""
+    x = mx_rows(np.random.default_rng(2), subnormals=False)
+    outs = call(backend, _mx_all_roundings, x, element=element)
+    for rounding, out in zip(ROUNDINGS, outs):
+        code = to_numpy(out.exponent)
+        assert code.dtype == np.uint8
+        np.testing.assert_array_equal(code, ref.mx_codes(x, element, rounding), err_msg=rounding)
+        expected_scale = np.where(code == 255, np.nan, np.ldexp(1.0, code.astype(int) - 127))
+        assert _same(to_numpy(out.scale), expected_scale)
 
 
 @pytest.mark.parametrize("element", ELEMENTS)
@@ -514,7 +519,7 @@ def test_fp8_fake_quantize_matches_torch_cast(dtype, granularity):
         s_b = np.repeat(s, 64, axis=1)
     y = oc.fp8_fake_quantize(x, s, dtype=dtype, **kw)
     fmax = oc.FP8_MAX[dtype]
-    xt, st = torch.from_numpy(x), torch.from_numpy(np.ascontiguousarray(np.broadcast_to(s_b, x.shape)))
+    xt, st = torch.from_numpy(x), torch.from_numpy(np.array(np.broadcast_to(s_b, x.shape), copy=True))
     y_t = (xt / st).clamp(-fmax, fmax).to(FP8[dtype][1]).to(torch.float32) * st
     np.testing.assert_array_equal(y, y_t.numpy())
 
