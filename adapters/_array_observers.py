@@ -515,7 +515,8 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
 
 class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
     """Running min/max per channel along ``ch_axis`` (reducing every other axis); qparams per channel.
-    The number of channels is learnt from the first input."""
+    The number of channels is learnt from the first input; ``ch_axis`` (negative counts from the end)
+    is checked against each input's number of dimensions."""
 
     _PER_CHANNEL = True
 
