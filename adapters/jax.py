@@ -57,21 +57,10 @@ Array = Any
 def _update_body(
     state: MinMaxState, x: Array, *, axis: int | None, averaging_constant: float | None, ignore_nonfinite: bool
 ) -> MinMaxState:
-    """The traced update: the core's, plus NaN propagation that XLA:CPU's min/max reductions lack.
-
-    XLA:CPU (jax 0.10.2) drops NaN from ``reduce_min``/``reduce_max`` over 4096 or more elements and can
-    even return the reduction's identity (``jnp.min`` of 4096 ones with a NaN last gives ``inf``), so a
-    channel whose batch holds a NaN is set to NaN here explicitly, as torch's ``aminmax`` poisons it.
-    """
-    new = _base._core_update(
+    """The traced update: the core's (which also restores the NaN propagation XLA:CPU's reductions lack)."""
+    return _base._core_update(
         state, x, axis=axis, averaging_constant=averaging_constant, ignore_nonfinite=ignore_nonfinite, xp=jnp
     )
-    if ignore_nonfinite or not jnp.issubdtype(x.dtype, jnp.floating):
-        return new
-    others = None if axis is None else tuple(i for i in range(x.ndim) if i != axis)
-    nan_seen = jnp.any(jnp.isnan(x), axis=others)
-    nan = jnp.asarray(jnp.nan, dtype=new.min_val.dtype)
-    return MinMaxState(jnp.where(nan_seen, nan, new.min_val), jnp.where(nan_seen, nan, new.max_val))
 
 
 @functools.partial(jax.jit, static_argnames=("axis", "averaging_constant", "ignore_nonfinite"))
