@@ -35,6 +35,7 @@ Differences from torch, all on inputs torch does not handle well:
 
 from __future__ import annotations
 
+import types
 import warnings
 from collections import OrderedDict
 from typing import Any
@@ -94,8 +95,24 @@ __all__ = [
 #: torch's observer base (re-exported): ``with_args``/``with_callable_args`` come from it.
 ObserverBase = _torch_observer.ObserverBase
 
-# The array-API namespace handed to the core, looked up once (no per-call ``array_namespace``).
-_XP = _compat_torch
+
+
+def _make_namespace() -> types.ModuleType:
+    """The array-API namespace handed to the core: ``array_api_compat.torch``, built once, with its
+    ``minimum``/``maximum``/``where`` wrappers replaced by the torch functions they wrap.
+
+    The wrappers only fix array-API type promotion for operands of different dtypes (at a cost of
+    several microseconds per call, a third of a 4k-element update); every call the adapter makes
+    has operands of one dtype (the batch range is cast to the buffer dtype first), where the torch
+    functions give the same result.
+    """
+    xp = types.ModuleType(_compat_torch.__name__, _compat_torch.__doc__)
+    xp.__dict__.update(vars(_compat_torch))
+    xp.minimum, xp.maximum, xp.where = torch.minimum, torch.maximum, torch.where
+    return xp
+
+
+_XP = _make_namespace()
 
 _FLOAT32_EPS = torch.finfo(torch.float32).eps
 _INF = float("inf")
@@ -159,6 +176,25 @@ def _check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
     return bool(value)
+
+
+def _checked_input(x_orig: Any, buffer: torch.Tensor) -> torch.Tensor:
+    """``x_orig`` detached, after the checks that keep ``buffer`` valid (nothing is modified):
+    a real dtype (other than the natively reduced ones: cast to the buffer dtype, as torch does)
+    on the buffer's device."""
+    if not isinstance(x_orig, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x_orig).__name__}")
+    x = x_orig.detach()
+    if x.device != buffer.device:
+        raise ValueError(
+            f"x is on device {x.device} but the observer's buffers are on {buffer.device}; "
+            "move the observer with .to(device)"
+        )
+    if x.dtype not in _NATIVE_INPUT_DTYPES:
+        if x.dtype == torch.bool or x.dtype.is_complex or x.is_quantized:
+            raise TypeError(f"x must hold real floating or integer values, got dtype {x.dtype}")
+        x = x.to(buffer.dtype)
+    return x
 
 
 class UniformQuantizationObserverBase(ObserverBase):
@@ -234,22 +270,6 @@ class UniformQuantizationObserverBase(ObserverBase):
         self.__dict__.setdefault("ignore_nonfinite", False)
 
     # -- shared helpers ---------------------------------------------------------------------------
-
-    def _checked_input(self, x_orig: Any) -> torch.Tensor:
-        """``x_orig`` detached, after the checks that keep the buffers valid (nothing is modified)."""
-        if not isinstance(x_orig, torch.Tensor):
-            raise TypeError(f"x must be a torch.Tensor, got {type(x_orig).__name__}")
-        x = x_orig.detach()
-        if x.device != self.min_val.device:
-            raise ValueError(
-                f"x is on device {x.device} but the observer's buffers are on {self.min_val.device}; "
-                "move the observer with .to(device)"
-            )
-        if x.dtype not in _NATIVE_INPUT_DTYPES:
-            if x.dtype == torch.bool or x.dtype.is_complex or x.is_quantized:
-                raise TypeError(f"x must hold real floating or integer values, got dtype {x.dtype}")
-            x = x.to(self.min_val.dtype)
-        return x
 
     def _quant_spec(self) -> QuantSpec:
         """The core's spec from the current attributes and the ``eps`` buffer (torch reads them at
@@ -379,12 +399,14 @@ class MinMaxObserver(UniformQuantizationObserverBase):
 
     def forward(self, x_orig):
         r"""Records the running minimum and maximum of ``x``; returns ``x`` itself."""
-        x = self._checked_input(x_orig)
+        buffers = self._buffers  # one dict lookup instead of nn.Module.__getattr__ per access
+        min_val, max_val = buffers["min_val"], buffers["max_val"]
+        x = _checked_input(x_orig, min_val)
         if x.numel() == 0:
             return x_orig
-        new = self._update(MinMaxState(self.min_val, self.max_val), x)
-        self.min_val.copy_(new.min_val)
-        self.max_val.copy_(new.max_val)
+        new = self._update(MinMaxState(min_val, max_val), x)
+        min_val.copy_(new.min_val)
+        max_val.copy_(new.max_val)
         return x_orig
 
     def calculate_qparams(self):  # type: ignore[override]
@@ -510,7 +532,9 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
         return self._forward(x_orig)
 
     def _forward(self, x_orig):
-        x = self._checked_input(x_orig)
+        buffers = self._buffers
+        min_val, max_val = buffers["min_val"], buffers["max_val"]
+        x = _checked_input(x_orig, min_val)
         if x.numel() == 0:
             return x_orig
         axis = normalize_axis(self.ch_axis, x.ndim, name="ch_axis")
@@ -522,21 +546,21 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
             dims[0], dims[axis] = axis, 0
             x = x.permute(dims)
             axis = 0
-        if self.min_val.numel() == 0 or self.max_val.numel() == 0:
-            state = minmax_init(num_channels=channels, dtype=self.min_val.dtype, device=self.min_val.device, xp=_XP)
-        elif self.min_val.shape != (channels,) or self.max_val.shape != (channels,):
+        if min_val.numel() == 0 or max_val.numel() == 0:
+            state = minmax_init(num_channels=channels, dtype=min_val.dtype, device=min_val.device, xp=_XP)
+        elif min_val.shape != (channels,) or max_val.shape != (channels,):
             raise ValueError(
                 f"x has {channels} channels along ch_axis={self.ch_axis} but the observer holds "
-                f"{tuple(self.min_val.shape)} min/max values; call reset_min_max_vals() to start over"
+                f"{tuple(min_val.shape)} min/max values; call reset_min_max_vals() to start over"
             )
         else:
-            state = MinMaxState(self.min_val, self.max_val)
+            state = MinMaxState(min_val, max_val)
         new = self._update(state, x, axis)
-        if self.min_val.shape != new.min_val.shape:
-            self.min_val.resize_(new.min_val.shape)
-            self.max_val.resize_(new.max_val.shape)
-        self.min_val.copy_(new.min_val)
-        self.max_val.copy_(new.max_val)
+        if min_val.shape != new.min_val.shape:
+            min_val.resize_(new.min_val.shape)
+            max_val.resize_(new.max_val.shape)
+        min_val.copy_(new.min_val)
+        max_val.copy_(new.max_val)
         return x_orig
 
     def calculate_qparams(self):  # type: ignore[override]
