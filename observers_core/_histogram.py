@@ -117,6 +117,26 @@ def _float64_scope(xp: Any):
     return contextlib.nullcontext()
 
 
+def _rounded(p: Array, xp: Any) -> Array:
+    """``p`` (a product) rounded to its dtype before it meets an addition. XLA (JAX under ``jit``) fuses a
+    product into a following add as one FMA, rounding once where torch's separate kernels round twice;
+    a factor ``(p == p)`` (1, or 0 for NaN, which stays NaN) is opaque to it, so ``p`` is rounded first and
+    the FMA it may still form with that factor adds exactly. Identity on other namespaces."""
+    if is_jax_namespace(xp):
+        return p * xp.astype(p == p, p.dtype)
+    return p
+
+
+def _div(a: Array, b: Any, xp: Any) -> Array:
+    """``a / b`` as IEEE division. XLA (JAX) turns a division by a scalar or a constant into a
+    multiplication by the reciprocal, which can be off in the last bit; a divisor spread over ``a``'s
+    elements through ``(a == a)`` (NaN elements stay NaN) keeps the true division. Plain ``/`` elsewhere."""
+    if is_jax_namespace(xp):
+        b = b if hasattr(b, "dtype") else xp.asarray(b, dtype=a.dtype)
+        return a / (b * xp.astype(a == a, b.dtype))
+    return a / b
+
+
 def _cummin(v: Array, xp: Any) -> Array:
     """Prefix minimum of a 1-D integer array (log-step doubling; the standard has no cummin)."""
     n = v.shape[0]
@@ -156,7 +176,7 @@ def _linspace(start: Array, end: Array, steps: int, xp: Any) -> Array:
     and ``end - step * (steps - 1 - i)`` otherwise, each a fused multiply-add (x86-64 builds of torch
     contract them; verified bit for bit against torch 2.13)."""
     idt = index_dtype(xp)
-    step = (end - start) / float(steps - 1)
+    step = _div(end - start, float(steps - 1), xp)
     i = xp.arange(steps, dtype=idt, device=_device(start))
     lower = i < steps // 2
     m = xp.where(lower, i, steps - 1 - i)
@@ -304,7 +324,7 @@ def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[A
     over = ~xp.isfinite(width * float(bins))
     num = xp.where(over, _scalar(bins * _SCALE, lo, xp), _scalar(float(bins), lo, xp))
     den = xp.where(over, width * _SCALE, width)
-    pos = ((xf * half - lo * half) * num) / den
+    pos = _div((xf * half - lo * half) * num, den, xp)
     keep = (xf >= lo) & (xf <= hi) & (hi > lo) & xp.isfinite(lo) & xp.isfinite(hi)
     pos = xp.where(keep, xp.minimum(pos, float(bins - 1)), float(bins))
     counts = _bincount(xp.astype(pos, index_dtype(xp)), bins + 1, xp)
@@ -381,8 +401,8 @@ def _rebin(hist: Array, old_min: Array, old_max: Array, new_min: Array, new_max:
     into the new bins ``linspace(new_min, new_max, bins + 1)`` (``bucketize(right=True) - 1``, clamped),
     and add the parts up in order (float32)."""
     bins = hist.shape[0]
-    parts = xp.reshape(xp.broadcast_to(xp.reshape(hist / float(up), (bins, 1)), (bins, up)), (-1,))
-    part_width = (old_max - old_min) / float(bins * up)
+    parts = xp.reshape(xp.broadcast_to(xp.reshape(_div(hist, float(up), xp), (bins, 1)), (bins, up)), (-1,))
+    part_width = _div(old_max - old_min, float(bins * up), xp)
     mids = _linspace(old_min, old_max, bins * up + 1, xp)[:-1] + 0.5 * part_width
     edges = _linspace(new_min, new_max, bins + 1, xp)
     idx = xp.searchsorted(edges, mids, side="right") - 1
@@ -607,7 +627,7 @@ def _errors(hist: Array, starts: Array, ends: Array, bin_width: Array, dst_nbins
     f32 = xp.float32
     with _float64_scope(xp):
         widths = xp.astype(ends - starts + 1, xp.float64)
-        dst64 = (bin_width * widths) / float(dst_nbins)
+        dst64 = _div(bin_width * widths, float(dst_nbins), xp)
         dst = xp.astype(dst64, f32)[:, None]
         half = xp.astype(dst64 / 2, f32)[:, None]
         is_zero = dst64 == 0
@@ -616,18 +636,18 @@ def _errors(hist: Array, starts: Array, ends: Array, bin_width: Array, dst_nbins
     top = _scalar(float(dst_nbins - 1), w32, xp)
     zero = _scalar(0.0, w32, xp)
     i = xp.arange(n, dtype=starts.dtype, device=_device(hist))
-    begin = xp.astype(i[None, :] - starts[:, None], f32) * w32
+    begin = _rounded(xp.astype(i[None, :] - starts[:, None], f32) * w32, xp)
     end = begin + w32
     p = xp.clip(xp.floor_divide(begin, dst), zero, top)
     q = xp.clip(xp.floor_divide(end, dst), zero, top)
-    density = hist / w32
-    half3 = half * half * half
-    neg_half3 = neg_half * neg_half * neg_half
-    db = begin - (p + 0.5) * dst
-    norm = density * ((half3 - db * db * db) / 3)
-    norm = norm + ((q - p) - 1) * (density * ((half3 - neg_half3) / 3))
-    de = end - (q * dst + half)
-    norm = norm + density * ((de * de * de - neg_half3) / 3)
+    density = _div(hist, w32, xp)
+    half3 = _rounded(half * half * half, xp)
+    neg_half3 = _rounded(neg_half * neg_half * neg_half, xp)
+    db = begin - _rounded((p + 0.5) * dst, xp)
+    norm = _rounded(density * _div(half3 - _rounded(db * db * db, xp), 3.0, xp), xp)
+    norm = norm + _rounded(((q - p) - 1) * (density * _div(half3 - neg_half3, 3.0, xp)), xp)
+    de = end - (_rounded(q * dst, xp) + half)
+    norm = norm + _rounded(density * _div(_rounded(de * de * de, xp) - neg_half3, 3.0, xp), xp)
     total = _sum32(norm, xp)
     return xp.where(is_zero, xp.zeros_like(total), total)
 
@@ -643,7 +663,7 @@ def _search_bins(hist: Array, min_val: Array, max_val: Array, dst_nbins: int, xp
     total = _sum32(hist, xp)
     starts, ends, count = _candidates(cs, total, n, xp)
     with _float64_scope(xp):
-        bin_width = (xp.astype(max_val, xp.float64) - xp.astype(min_val, xp.float64)) / float(n)
+        bin_width = _div(xp.astype(max_val, xp.float64) - xp.astype(min_val, xp.float64), float(n), xp)
     rows = _block_rows(n)
     dev = _device(hist)
     if is_jax_namespace(xp):  # possibly traced: evaluate every candidate, no host sync
@@ -708,8 +728,9 @@ def non_linear_param_search(
         lo = xp.astype(min_val, xp.float32)
         hi = xp.astype(max_val, xp.float32)
         start, end = _search_bins(hist, lo, hi, int(dst_nbins), xp)
-        width = (hi - lo) / float(n)
-        return lo + width * xp.astype(start, xp.float32), lo + width * xp.astype(end + 1, xp.float32)
+        width = _div(hi - lo, float(n), xp)
+        new_min = lo + _rounded(width * xp.astype(start, xp.float32), xp)
+        return new_min, lo + _rounded(width * xp.astype(end + 1, xp.float32), xp)
 
 
 def histogram_qparams(state: HistogramState, /, spec: QuantSpec, *, xp: Any = None) -> QParams:
