@@ -274,7 +274,7 @@ def fp8_fake_quantize(
     def fq(v: Array, s: Array) -> Array:
         return round_to_element(v / s, fmt, xp) * s
 
-    return xp.astype(_apply(xp.astype(x, cdt), (scale,), axis, group_size, fq, xp), out_dtype)
+    return xp.astype(_apply(xp.astype(x, cdt, copy=False), (scale,), axis, group_size, fq, xp), out_dtype, copy=False)
 
 
 # ------------------------------------------------------------------------------------------ spec

@@ -20,7 +20,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._namespace import array_namespace, check_real, device_of, divide_by_constant, normalize_axis
+from ._namespace import (
+    array_namespace,
+    check_real,
+    device_of,
+    divide_by_constant,
+    is_jax_namespace,
+    is_torch_namespace,
+    normalize_axis,
+)
 
 __all__ = [
     "MX_ELEMENTS",
@@ -185,6 +193,10 @@ def blocked_aminmax(
     if not xp.isdtype(x.dtype, "real floating"):
         x = xp.astype(x, xp.float32)
     xb = to_blocks(x, axis, block_size, xp, pad=pad)
+    if is_torch_namespace(xp) and not ignore_nonfinite and xb.shape[axis + 1] > 0:
+        import torch  # only reached for torch tensors: one pass instead of two
+
+        return tuple(torch.aminmax(xb, dim=axis + 1))
     lo = hi = xb
     if ignore_nonfinite:
         finite = xp.isfinite(xb)
@@ -258,17 +270,27 @@ def round_to_element(y: Array, fmt: ElementFormat, xp: Any, *, lo: float | None 
 
     The quantum is ``2**(max(e, emin) - mbits)`` with ``e = floor(log2|y|)``; ``log2`` may be one off
     only within ``~1e-6`` of a power of two, where both candidate quanta round to that same power, so
-    the estimate needs no correction. Quanta come from an exact table.
+    the estimate needs no correction. Quanta come from an exact table. torch float32 with an fp8
+    element uses torch's own float8 cast instead (the same rounding, one kernel).
     """
     lo = -fmt.max_normal if lo is None else lo
     y = xp.clip(y, lo, fmt.max_normal)
-    a = xp.abs(y)
+    native = _NATIVE_FLOAT8.get(fmt.name)
+    if native is not None and is_torch_namespace(xp) and y.dtype == xp.float32:
+        import torch  # only reached for torch tensors
+
+        return y.to(getattr(torch, native)).to(torch.float32)
     floor_at = xp.asarray(2.0**fmt.emin, dtype=y.dtype, device=device_of(y))
+    a = xp.abs(y)
     safe = xp.where(a >= floor_at, a, floor_at)  # also maps NaN to the smallest binade
-    e = xp.clip(xp.floor(xp.log2(safe)), float(fmt.emin), float(fmt.emax))
+    # log2(safe) >= emin and < emax + 1 (y is clipped), so truncation is the floor
+    i = xp.astype(xp.log2(safe) - float(fmt.emin), xp.int32)
     quanta = _pow2_table(fmt.emin - fmt.mbits, fmt.emax - fmt.mbits, y.dtype, device_of(y), xp)
-    q = _take(quanta, xp.astype(e, xp.int32) - fmt.emin, xp)
+    q = _take(quanta, xp.clip(i, 0, fmt.emax - fmt.emin), xp)
     return xp.round(y / q) * q
+
+
+_NATIVE_FLOAT8 = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 
 
 # ------------------------------------------------------------------------------------------------ MX
@@ -337,7 +359,7 @@ def _block_fake_quantize(
     block_size = check_block_size(block_size)
     out_dtype = x.dtype if xp.isdtype(x.dtype, "real floating") else xp.float32
     n = x.shape[axis]
-    xb = to_blocks(xp.astype(x, compute_dtype(x, xp)), axis, block_size, xp, pad=True)
+    xb = to_blocks(xp.astype(x, compute_dtype(x, xp), copy=False), axis, block_size, xp, pad=True)
     expected = xb.shape[: axis + 1] + xb.shape[axis + 2 :]
     if tuple(code.shape) != tuple(expected):
         raise ValueError(
@@ -345,12 +367,25 @@ def _block_fake_quantize(
             f"needs {tuple(expected)}"
         )
     code = xp.expand_dims(xp.astype(code, xp.int32), axis=axis + 1)
-    e = xp.where(code == E8M0_NAN, xp.zeros_like(code), code - E8M0_BIAS)
     with np.errstate(over="ignore"):  # numpy-backed arrays: max_normal * 2**127 overflows float32 to inf
-        y = round_to_element(_scale_by_pow2(xb, -e, xp), fmt, xp, lo=lo)
-        y = _scale_by_pow2(y, e, xp)
-    y = xp.where(code == E8M0_NAN, xp.asarray(math.nan, dtype=y.dtype, device=device_of(y)), y)
-    return xp.astype(from_blocks(y, axis, n, xp), out_dtype)
+        if is_jax_namespace(xp):
+            # XLA on CPU flushes subnormal operands (2**-127) to zero: scale by two normal factors
+            e = xp.where(code == E8M0_NAN, xp.zeros_like(code), code - E8M0_BIAS)
+            y = _scale_by_pow2(round_to_element(_scale_by_pow2(xb, -e, xp), fmt, xp, lo=lo), e, xp)
+            y = xp.where(code == E8M0_NAN, xp.asarray(math.nan, dtype=y.dtype, device=device_of(y)), y)
+        else:
+            # one exact multiplication each way; NaN (code 255) rides in the factors
+            inv, scale = _e8m0_factors(code, xb.dtype, xp)
+            y = round_to_element(xb * inv, fmt, xp, lo=lo) * scale
+    return xp.astype(from_blocks(y, axis, n, xp), out_dtype, copy=False)
+
+
+def _e8m0_factors(code: Array, dtype: Any, xp: Any) -> tuple[Array, Array]:
+    """``(2**(127 - c), 2**(c - 127))`` per code, NaN for 255 (exact; ``2**-127`` is subnormal)."""
+    nan = xp.asarray([math.nan], dtype=dtype, device=device_of(code))
+    up = xp.concat([_pow2_table(-127, 127, dtype, device_of(code), xp), nan])
+    down = xp.concat([xp.flip(_pow2_table(-127, 127, dtype, device_of(code), xp)), nan])
+    return _take(down, code, xp), _take(up, code, xp)
 
 
 def mx_fake_quantize(

@@ -543,6 +543,9 @@ def test_fp8_reference(backend, dtype):
     expected = ref.fp8_fake_quantize(x, np.repeat(s.astype(np.float64), 32, axis=1), FP8[dtype][0])
     assert _same(y, expected.astype(np.float32))
     assert (y[2] == 0).all()
+    ties = fp8_ties(FP8[dtype][0])  # every rounding tie, one ulp either side, past the max; scale 1
+    y = to_numpy(call(backend, oc.fp8_fake_quantize, ties, np.float32(1.0), dtype=dtype))
+    assert _same(y, ref.fp8_fake_quantize(ties, 1.0, FP8[dtype][0]).astype(np.float32))
 
 
 # ------------------------------------------------------------------------------------------- BFP
