@@ -232,8 +232,8 @@ def floor_log2(a: Array, xp: Any) -> tuple[Array, Array]:
     """``(k, 2**k)`` with ``k = floor(log2(a))`` exactly, for ``a > 0`` finite (int32 ``k``).
 
     ``log2`` gives an estimate that can be one off near powers of two; comparing ``a`` with the exact
-    table entries ``2**k`` and ``2**(k + 1)`` corrects it. ``a = 0`` gives the dtype's smallest
-    exponent minus one with ``2**k`` reported as the smallest power; callers mask zeros, NaN and Inf.
+    table entries ``2**k`` and ``2**(k + 1)`` corrects it. ``a = 0`` (and NaN) gives the dtype's
+    smallest exponent minus one and ``2**k`` reported as 0; callers mask zeros, NaN and Inf.
     """
     kmin, kmax = _exponent_range(a.dtype, xp)
     ends = [xp.asarray([v], dtype=a.dtype, device=device_of(a)) for v in (0.0, math.inf)]
