@@ -113,3 +113,13 @@ class PlaceholderObserver(_CupyMixin, _base.PlaceholderObserver):
 
 class NoopObserver(_CupyMixin, _base.NoopObserver):
     __doc__ = _base.NoopObserver.__doc__
+
+
+# The other observer families live in their own modules and build on the classes above; they import
+# from this module, so they are imported last (import them through this module, never directly).
+from . import _cupy_calibration, _cupy_histogram, _cupy_lowbit  # noqa: E402
+from ._cupy_calibration import *  # noqa: E402,F401,F403
+from ._cupy_histogram import *  # noqa: E402,F401,F403
+from ._cupy_lowbit import *  # noqa: E402,F401,F403
+
+__all__ += _cupy_histogram.__all__ + _cupy_calibration.__all__ + _cupy_lowbit.__all__

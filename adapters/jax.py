@@ -154,3 +154,13 @@ class PlaceholderObserver(_JaxMixin, _base.PlaceholderObserver):
 
 class NoopObserver(_JaxMixin, _base.NoopObserver):
     __doc__ = _base.NoopObserver.__doc__
+
+
+# The other observer families live in their own modules and build on the classes above; they import
+# from this module, so they are imported last (import them through this module, never directly).
+from . import _jax_calibration, _jax_histogram, _jax_lowbit  # noqa: E402
+from ._jax_calibration import *  # noqa: E402,F401,F403
+from ._jax_histogram import *  # noqa: E402,F401,F403
+from ._jax_lowbit import *  # noqa: E402,F401,F403
+
+__all__ += _jax_histogram.__all__ + _jax_calibration.__all__ + _jax_lowbit.__all__

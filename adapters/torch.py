@@ -96,15 +96,15 @@ __all__ = [
 ObserverBase = _torch_observer.ObserverBase
 
 
-
 def _make_namespace() -> types.ModuleType:
     """The array-API namespace handed to the core: ``array_api_compat.torch``, built once, with its
     ``minimum``/``maximum``/``where`` wrappers replaced by the torch functions they wrap.
 
-    The wrappers only fix array-API type promotion for operands of different dtypes (at a cost of
-    several microseconds per call, a third of a 4k-element update); every call the adapter makes
-    has operands of one dtype (the batch range is cast to the buffer dtype first), where the torch
-    functions give the same result.
+    The wrappers only adjust type promotion when the operands' dtypes differ, and cost several
+    microseconds per call (a third of a 4k-element update). The core's calls made from here have
+    operands of one dtype (the batch range is cast to the buffer dtype first), except for the float32
+    0-d ``eps`` against float32/float64 scales in ``calculate_qparams``, where torch's promotion and
+    the array API's agree (float64 wins). The parity tests cover both buffer dtypes.
     """
     xp = types.ModuleType(_compat_torch.__name__, _compat_torch.__doc__)
     xp.__dict__.update(vars(_compat_torch))
@@ -652,6 +652,12 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
             ignore_nonfinite=self.ignore_nonfinite,
             xp=_XP,
         )
+
+
+# A ``HistogramObserver(UniformQuantizationObserverBase)`` belongs here: it reuses ``_checked_input``,
+# ``_calculate_qparams`` (with the searched range), ``_load_from_state_dict`` (plus its own version < 3
+# handling of the size-0 min/max buffers) and ``_repr_suffix``; ``default_histogram_observer`` goes with
+# the presets below.
 
 
 # -- observers without statistics ----------------------------------------------------------------

@@ -1,0 +1,3 @@
+"""Placeholder: the histogram observers for jax come with their issue."""
+
+__all__: list[str] = []
