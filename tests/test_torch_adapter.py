@@ -20,7 +20,7 @@ from torch.ao.quantization import observer as tobs  # noqa: E402
 
 from observers_core import QScheme  # noqa: E402
 from observers_core.adapters import torch as ours  # noqa: E402
-from test_torch_parity import assert_bitwise_equal  # noqa: E402
+from test_torch_parity import assert_bitwise_equal, one_torch_thread  # noqa: E402,F401
 
 STAT_CLASSES = ["MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelMinMaxObserver",
                 "MovingAveragePerChannelMinMaxObserver"]

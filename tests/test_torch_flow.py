@@ -18,7 +18,7 @@ from torch.ao import quantization as tq  # noqa: E402
 from torch.ao.quantization import observer as tobs  # noqa: E402
 
 from observers_core.adapters import torch as ours  # noqa: E402
-from test_torch_parity import assert_bitwise_equal  # noqa: E402
+from test_torch_parity import assert_bitwise_equal, one_torch_thread  # noqa: E402,F401
 
 ENGINE = next((e for e in ("x86", "fbgemm") if e in torch.backends.quantized.supported_engines), None)
 pytestmark = pytest.mark.skipif(ENGINE is None, reason="no x86/fbgemm quantized engine on this CPU")
@@ -216,3 +216,19 @@ def test_with_args_keeps_ignore_nonfinite_through_prepare():
     assert observer.ignore_nonfinite
     finite = x[torch.isfinite(x)]
     assert observer.min_val.item() == finite.min().item() and observer.max_val.item() == finite.max().item()
+
+
+def test_fx_graph_mode_flow_matches_torch():
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)).eval()
+    example = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    outputs = []
+    for module in (tobs, ours):
+        mapping = tq.QConfigMapping().set_global(RECIPES["minmax/per-channel"](module))
+        with _quiet():
+            prepared = prepare_fx(copy.deepcopy(model), mapping, example_inputs=(example,))
+            for x in make_batches(3, seed=5):
+                prepared(x[:, :, :8, :8])
+            outputs.append(convert_fx(prepared)(example))
+    assert torch.equal(outputs[0], outputs[1])
