@@ -837,3 +837,13 @@ default_affine_fixed_qparams_observer = default_fixed_qparams_range_0to1_observe
 
 default_reuse_input_observer = ReuseInputObserver
 """Default observer for ops like reshape that reuse the observer of their input."""
+
+
+# The other observer families live in their own modules and build on the classes above; they import
+# from this module, so they are imported last (import them through this module, never directly).
+from . import _torch_calibration, _torch_histogram, _torch_lowbit  # noqa: E402
+from ._torch_calibration import *  # noqa: E402,F401,F403
+from ._torch_histogram import *  # noqa: E402,F401,F403
+from ._torch_lowbit import *  # noqa: E402,F401,F403
+
+__all__ += _torch_histogram.__all__ + _torch_calibration.__all__ + _torch_lowbit.__all__
