@@ -320,20 +320,18 @@ def _smoothed(x: Array, inside: Array, count: Array, eps: float, xp: Any) -> tup
     n_nonzero = xp.sum(xp.astype(nonzero, x.dtype), axis=-1, keepdims=True)
     n_zero = count - n_nonzero
     eps1 = eps * n_zero / xp.where(n_nonzero > 0, n_nonzero, 1.0)
-    smooth = xp.where(nonzero, x - eps1, xp.where(inside, eps, 0.0))
+    smooth = xp.where(nonzero, x - eps1, xp.where(inside, xp.full_like(x, eps), 0.0))
     bad = (n_nonzero[..., 0] <= 0) | xp.any(inside & (smooth <= 0), axis=-1)
     return smooth, bad
 
 
-def _kl_smoothed(b: Array, tables: tuple, smoothing: float, xp: Any, device: Any) -> Array:
+def _kl_smoothed(b: Array, key: tuple, smoothing: float, xp: Any, device: Any) -> Array:
     """KL(P~ || Q~) of every candidate with P and Q smoothed (:func:`_smoothed`), then normalised.
     Dense over (candidate, bin): O(bins) work and memory per candidate."""
-    cand_np, bounds_np, _ = tables
+    cand_np, bounds_np, _ = _kl_tables(*key)
     bins = b.shape[-1]
-    levels = bounds_np.shape[1] - 1
-    start, stride = int(cand_np[0]), int(cand_np[1] - cand_np[0]) if cand_np.size > 1 else 1
     bounds = _index_array(bounds_np, xp, device)
-    position = _index_array(_kl_dense_tables(bins, start, stride, levels), xp, device)
+    position = _index_array(_kl_dense_tables(*key), xp, device)
     j = xp.arange(bins, device=device)
     cand = _index_array(cand_np, xp, device)
     inside = j[None, :] < cand[:, None]  # (K, B)
@@ -382,11 +380,12 @@ def _kl_search(
     b = h.counts
     if _check_bool(flatten_first_bin, "flatten_first_bin") and bins > 1:
         b = xp.concat([b[:, 1:2], b[:, 1:]], axis=-1)
-    tables = _kl_tables(bins, start_bin, stride, levels)
+    key = (bins, start_bin, stride, levels)
+    tables = _kl_tables(*key)
     if smoothing == 0:
         kl = _kl_strict(b, tables, xp, h.device)
     else:
-        kl = _kl_smoothed(b, tables, smoothing, xp, h.device)
+        kl = _kl_smoothed(b, key, smoothing, xp, h.device)
     index = _index_array(tables[0], xp, h.device)
     return h, SearchCurve(index, _take_shared(h.out_edges, index, xp), kl)
 
@@ -729,16 +728,21 @@ def percentile_range(
 
 
 class CalibHistogram(NamedTuple):
-    """Counts on the grid ``edges = lo + width * arange(bins + 1)``.
+    """Counts on the grid ``edges = lo + width * arange(bins + 1)``, and the range they cover.
 
-    ``counts`` (..., bins): integer counts (the namespace's index dtype); ``lo`` (...): the first edge,
-    a multiple of ``width``; ``width`` (...): the bin width, a power of two, ``0`` while nothing has been
-    counted. ``(...)`` is ``()`` per tensor or ``(C,)`` per channel.
+    ``counts`` (..., bins): integer counts (the namespace's index dtype); ``lo`` (...): the first edge, a
+    multiple of ``width``; ``width`` (...): the bin width, a power of two, 0 while nothing was counted;
+    ``min_val``/``max_val`` (...): the range of the counted values (with 0 in absolute mode),
+    ``+inf``/``-inf`` while nothing was counted. ``(...)`` is ``()`` per tensor or ``(C,)`` per channel.
+    The grid is a function of the range and the widths seen, which makes updates and merges exact,
+    associative and commutative.
     """
 
     counts: Array
     lo: Array
     width: Array
+    min_val: Array
+    max_val: Array
 
 
 def calib_histogram_init(
@@ -746,7 +750,7 @@ def calib_histogram_init(
 ) -> CalibHistogram:
     """An empty histogram state of ``bins`` bins (>= 2), per tensor or of ``num_channels`` channels.
 
-    ``dtype`` (float32 by default) is that of ``lo``/``width`` and of the values being binned."""
+    ``dtype`` (float32 by default) is that of the grid and range, and values are binned in it."""
     bins = _check_int(bins, "bins", minimum=2)
     shape = () if num_channels is None else (_check_int(num_channels, "num_channels", minimum=1),)
     dtype = xp.float32 if dtype is None else dtype
@@ -754,19 +758,19 @@ def calib_histogram_init(
         xp.zeros(shape + (bins,), dtype=index_dtype(xp), device=device),
         xp.zeros(shape, dtype=dtype, device=device),
         xp.zeros(shape, dtype=dtype, device=device),
+        xp.full(shape, INF, dtype=dtype, device=device),
+        xp.full(shape, -INF, dtype=dtype, device=device),
     )
 
 
 def _exp2(e: Array, xp: Any) -> Array:
-    """``2**e`` for integer-valued ``e``, exactly (products of exact powers of two; ``pow`` and
-    ``exp2`` are not exact on every backend)."""
-    ei = xp.astype(e, xp.int32)
-    negative = ei < 0
-    magnitude = xp.abs(ei)
+    """``2**e`` for integer-valued ``e``, exactly: a product of exact powers of two (``pow``, ``exp2``
+    and ``log2`` are not exact on every backend)."""
+    magnitude = xp.abs(xp.astype(e, xp.int32))
+    negative = e < 0
     result = xp.ones_like(e)
-    limit = 1024 if e.dtype == xp.float64 else 128
     bit = 0
-    while (1 << bit) < limit:
+    while (1 << bit) <= (1022 if e.dtype == xp.float64 else 126):
         up = xp.asarray(2.0 ** (1 << bit), dtype=e.dtype, device=_device(e))
         down = xp.asarray(2.0 ** -(1 << bit), dtype=e.dtype, device=_device(e))
         use = ((magnitude >> bit) & 1) == 1
@@ -776,29 +780,29 @@ def _exp2(e: Array, xp: Any) -> Array:
 
 
 def _pow2_at_least(v: Array, xp: Any) -> Array:
-    """The smallest power of two ``>= v`` for positive normal finite ``v``."""
-    tiny, top = (-1022, 1023) if v.dtype == xp.float64 else (-126, 127)
-    p = _exp2(xp.clip(xp.ceil(xp.log2(v)), float(tiny), float(top)), xp)
+    """The smallest power of two ``>= v``, for normal finite ``v > 0``."""
+    low, high = (-1022.0, 1023.0) if v.dtype == xp.float64 else (-126.0, 127.0)
+    p = _exp2(xp.clip(xp.ceil(xp.log2(v)), low, high), xp)
     p = xp.where(p * 0.5 >= v, p * 0.5, p)  # log2 may be off by an ulp either way
     return xp.where(p < v, p * 2, p)
 
 
 def _grid(low: Array, high: Array, min_width: Array, bins: int, xp: Any) -> tuple[Array, Array]:
-    """The canonical grid covering ``[low, high]``: the smallest power-of-two width ``w >= min_width``
-    with ``floor(high / w) - floor(low / w) < bins`` and ``w >= max(|low|, |high|) / 2**(digits - 2)``
-    (so every ``x / w`` is an exactly representable integer part), ``lo = floor(low / w) * w``.
-    ``low > high`` (nothing to cover) gives the empty grid ``(0, 0)``."""
+    """The canonical grid for the range ``[low, high]``: the smallest power-of-two width ``w`` with
+    ``w >= min_width``, ``w >= max(|low|, |high|) * 2**(2 - digits)`` (every ``x / w`` then has an exact
+    integer part) and ``floor(high / w) - floor(low / w) < bins``; ``lo = floor(low / w) * w``.
+    The range is capped to ``[-2**emax, 2**emax)`` (2**127 in float32) so the grid stays finite; values
+    beyond fall into the end bins. An empty range (``low > high``) gives ``(0, 0)``."""
     dtype = low.dtype
-    digits = 53 if dtype == xp.float64 else 24
+    digits, emax = (53, 1023) if dtype == xp.float64 else (24, 127)
     smallest_normal = 2.0**-1022 if dtype == xp.float64 else 2.0**-126
     empty = ~(low <= high)
-    low = xp.where(empty, 0.0, low)
-    high = xp.where(empty, 0.0, high)
-    magnitude = xp.maximum(xp.abs(low), xp.abs(high))
+    low = xp.where(empty, 0.0, xp.maximum(low, -(2.0**emax)))
+    high = xp.where(empty, 0.0, xp.minimum(high, 2.0**emax * (1 - 2.0**-digits)))
     need = xp.maximum(high / bins - low / bins, min_width)
-    need = xp.maximum(need, xp.maximum(magnitude * 2.0 ** -(digits - 2), smallest_normal))
+    need = xp.maximum(need, xp.maximum(xp.maximum(xp.abs(low), xp.abs(high)) * 2.0 ** (2 - digits), smallest_normal))
     width = _pow2_at_least(need, xp)
-    for _ in range(2):  # one doubling suffices for bins >= 3, two for bins = 2
+    for _ in range(2):  # width >= range / bins: one doubling suffices for bins >= 3, two for bins = 2
         width = xp.where(xp.floor(high / width) - xp.floor(low / width) >= bins, width * 2, width)
     lo = xp.floor(low / width) * width
     return xp.where(empty, 0.0, lo), xp.where(empty, 0.0, width)
@@ -806,25 +810,23 @@ def _grid(low: Array, high: Array, min_width: Array, bins: int, xp: Any) -> tupl
 
 def _rebin(counts: Array, lo: Array, width: Array, new_lo: Array, new_width: Array, xp: Any) -> Array:
     """Counts of the grid ``(lo, width)`` on the coarser aligned grid ``(new_lo, new_width)``, exactly:
-    old bin ``j`` goes to new bin ``floor((lo / width + j) / r) - new_lo / new_width``,
-    ``r = new_width / width``, a run of old bins per new bin summed through prefix sums."""
+    old bin ``j`` goes to new bin ``floor((lo / width + j) / r) - new_lo / new_width`` with
+    ``r = new_width / width``; each new bin sums a run of old bins through prefix sums. (Every float
+    here is an integer or a power of two small enough to be exact.)"""
     bins = counts.shape[-1]
-    dtype = lo.dtype
     filled = width > 0
     safe_w = xp.where(filled, width, 1.0)
     ratio = xp.where(filled, new_width / safe_w, 1.0)
-    offset = lo / safe_w
-    base = xp.where(new_width > 0, new_lo / xp.where(new_width > 0, new_width, 1.0), 0.0)
-    m = xp.arange(bins + 1, dtype=dtype, device=_device(counts))
-    first = xp.clip((m + base[:, None]) * ratio[:, None] - offset[:, None], 0.0, float(bins))
-    cs = _cumsum0(counts, xp)
-    at = _take_each(cs, xp.astype(first, index_dtype(xp)), xp)
+    base = new_lo / xp.where(new_width > 0, new_width, 1.0)
+    m = xp.arange(bins + 1, dtype=lo.dtype, device=_device(lo))
+    first = xp.clip((m + base[:, None]) * ratio[:, None] - (lo / safe_w)[:, None], 0.0, float(bins))
+    at = _take_each(_cumsum0(counts, xp), xp.astype(first, index_dtype(xp)), xp)
     return xp.where(filled[:, None], at[:, 1:] - at[:, :-1], xp.zeros_like(counts))
 
 
 def _bincount(index: Array, length: int, xp: Any) -> Array:
-    """Occurrences of each value of the 1-D non-negative ``index`` below ``length`` (the native kernel
-    where there is one, a sort + searchsorted fallback elsewhere)."""
+    """Occurrences of each value ``0 .. length - 1`` in the 1-D non-negative ``index`` (``< length + 1``):
+    the native kernel where there is one, sort + searchsorted elsewhere (array_api_strict)."""
     if is_numpy_namespace(xp):
         return np.bincount(index, minlength=length)[:length]
     if is_torch_namespace(xp):
@@ -844,17 +846,27 @@ def _bincount(index: Array, length: int, xp: Any) -> Array:
     return bounds[1:] - bounds[:-1]
 
 
-def _as_rows(state: CalibHistogram, xp: Any) -> tuple[Array, Array, Array]:
+def _rows(state: CalibHistogram, xp: Any) -> CalibHistogram:
+    """The state with one row per channel: counts (C, bins), the rest (C,)."""
     bins = state.counts.shape[-1]
-    return xp.reshape(state.counts, (-1, bins)), xp.reshape(state.lo, (-1,)), xp.reshape(state.width, (-1,))
+    return CalibHistogram(xp.reshape(state.counts, (-1, bins)), *(xp.reshape(a, (-1,)) for a in state[1:]))
 
 
-def _from_rows(state: CalibHistogram, counts: Array, lo: Array, width: Array, xp: Any) -> CalibHistogram:
+def _unrows(like: CalibHistogram, rows: CalibHistogram, xp: Any) -> CalibHistogram:
     return CalibHistogram(
-        xp.reshape(xp.astype(counts, state.counts.dtype), tuple(state.counts.shape)),
-        xp.reshape(lo, tuple(state.lo.shape)),
-        xp.reshape(width, tuple(state.width.shape)),
+        xp.reshape(xp.astype(rows.counts, like.counts.dtype), tuple(like.counts.shape)),
+        *(xp.reshape(r, tuple(a.shape)) for r, a in zip(rows[1:], like[1:])),
     )
+
+
+def _combine(a: CalibHistogram, low: Array, high: Array, min_width: Array, xp: Any) -> tuple[CalibHistogram, Array, Array]:
+    """``a``'s counts moved onto the canonical grid of ``a``'s range joined with ``[low, high]``."""
+    bins = a.counts.shape[-1]
+    min_val = xp.minimum(a.min_val, low)
+    max_val = xp.maximum(a.max_val, high)
+    lo, width = _grid(min_val, max_val, xp.maximum(a.width, min_width), bins, xp)
+    counts = _rebin(a.counts, a.lo, a.width, lo, width, xp)
+    return CalibHistogram(counts, lo, width, min_val, max_val), lo, width
 
 
 def calib_histogram_update(
@@ -862,23 +874,24 @@ def calib_histogram_update(
 ) -> CalibHistogram:
     """Count ``x`` (``|x|`` with ``absolute``) into the state, per tensor or per channel along ``axis``.
 
-    The grid grows as needed: the new width is the smallest power of two (at least the old one) whose
-    aligned grid covers the old grid and the batch; old counts are re-binned exactly. With
-    ``absolute`` the grid starts at 0 (``lo = 0``), as the KL and MSE searches expect; use the same
-    ``absolute`` for every update of a state. NaN and +/-Inf are not counted. Values are cast to the
-    state's float dtype first (float16, bfloat16 and integers are fine). Empty ``x``: no-op.
+    The grid grows as needed: the new one is the canonical grid (see :class:`CalibHistogram`) of the
+    joint range with a width at least the old one, and the old counts are re-binned onto it exactly.
+    With ``absolute`` the range includes 0, so the grid starts at 0 (``lo = 0``) as the KL and MSE
+    searches expect. NaN and +/-Inf are not counted. Values are cast to the state's float dtype
+    (float16, bfloat16 and integer inputs are fine). Empty ``x``: no-op. Same as merging the state with
+    a fresh state updated with ``x``.
     """
     xp = array_namespace(state.counts, xp=xp)
     check_real(x, xp)
     absolute = _check_bool(absolute, "absolute")
     if size(x) == 0:
         return state
-    counts, lo, width = _as_rows(state, xp)
-    channels, bins = counts.shape
+    rows = _rows(state, xp)
+    channels, bins = rows.counts.shape
     if axis is None:
         if state.lo.ndim != 0:
             raise ValueError(f"a per-channel state of shape {tuple(state.lo.shape)} needs axis=<channel axis>")
-        rows = xp.reshape(x, (1, -1))
+        values = xp.reshape(x, (1, -1))
     else:
         axis = normalize_axis(axis, x.ndim)
         if tuple(state.lo.shape) != (x.shape[axis],):
@@ -886,57 +899,45 @@ def calib_histogram_update(
                 f"x has {x.shape[axis]} channels along axis {axis} but the state holds "
                 f"{tuple(state.lo.shape)}; build the state with num_channels={x.shape[axis]}"
             )
-        rows = xp.reshape(xp.moveaxis(x, axis, 0), (channels, -1))
-    dtype = lo.dtype
-    rows = xp.astype(rows, dtype)
+        values = xp.reshape(xp.moveaxis(x, axis, 0), (channels, -1))
+    values = xp.astype(values, rows.lo.dtype)
     if absolute:
-        rows = xp.abs(rows)
-    finite = xp.isfinite(rows)
-    batch_lo = xp.min(xp.where(finite, rows, INF), axis=-1)
-    batch_hi = xp.max(xp.where(finite, rows, -INF), axis=-1)
+        values = xp.abs(values)
+    finite = xp.isfinite(values)
+    low = xp.min(xp.where(finite, values, INF), axis=-1)
+    high = xp.max(xp.where(finite, values, -INF), axis=-1)
     if absolute:
-        batch_lo = xp.where(batch_lo <= batch_hi, 0.0, batch_lo)
-    old_lo, old_hi = _covered_rows(lo, width, bins, xp)
-    new_lo, new_width = _grid(
-        xp.minimum(old_lo, batch_lo), xp.maximum(old_hi, batch_hi), width, bins, xp
-    )
-    merged = _rebin(counts, lo, width, new_lo, new_width, xp)
-    safe_w = xp.where(new_width > 0, new_width, 1.0)
-    index = xp.floor(rows / safe_w[:, None]) - (new_lo / safe_w)[:, None]
+        low = xp.where(low <= high, 0.0, low)
+    merged, lo, width = _combine(rows, low, high, xp.zeros_like(low), xp)
+    safe_w = xp.where(width > 0, width, 1.0)
+    index = xp.floor(xp.where(finite, values, 0.0) / safe_w[:, None]) - (lo / safe_w)[:, None]
     index = xp.astype(xp.clip(index, 0.0, float(bins - 1)), index_dtype(xp))
-    offsets = xp.arange(channels, dtype=index.dtype, device=_device(counts))[:, None] * bins
+    offsets = xp.arange(channels, dtype=index.dtype, device=_device(index))[:, None] * bins
     flat = xp.where(finite, index + offsets, channels * bins)
-    fresh = _bincount(xp.reshape(flat, (-1,)), channels * bins + 1, xp)[: channels * bins]
-    fresh = xp.reshape(xp.astype(fresh, merged.dtype), (channels, bins))
-    return _from_rows(state, merged + fresh, new_lo, new_width, xp)
-
-
-def _covered_rows(lo: Array, width: Array, bins: int, xp: Any) -> tuple[Array, Array]:
-    """``(lo, left edge of the last bin)`` of each row's grid; ``(+inf, -inf)`` for an empty one."""
-    empty = width <= 0
-    return xp.where(empty, INF, lo), xp.where(empty, -INF, lo + (bins - 1) * width)
+    fresh = _bincount(xp.reshape(flat, (-1,)), channels * bins, xp)
+    fresh = xp.reshape(xp.astype(fresh, merged.counts.dtype), (channels, bins))
+    return _unrows(state, merged._replace(counts=merged.counts + fresh), xp)
 
 
 def calib_histogram_merge(a: CalibHistogram, b: CalibHistogram, /, *, xp: Any = None) -> CalibHistogram:
-    """The histogram of both states' data, exactly: both are re-binned onto the canonical grid that
-    covers both grids with the larger width, then added. Associative and commutative, with
-    :func:`calib_histogram_init` as identity."""
+    """The histogram of both states' data, exactly: both move onto the canonical grid of the joint
+    range with the larger width, then add. Associative and commutative, with an empty state
+    (:func:`calib_histogram_init`) as identity."""
     xp = array_namespace(a.counts, b.counts, xp=xp)
     if tuple(a.counts.shape) != tuple(b.counts.shape):
         raise ValueError(f"cannot merge histogram states of shapes {tuple(a.counts.shape)} and {tuple(b.counts.shape)}")
-    ca, la, wa = _as_rows(a, xp)
-    cb, lb, wb = _as_rows(b, xp)
-    bins = ca.shape[-1]
-    a_lo, a_hi = _covered_rows(la, wa, bins, xp)
-    b_lo, b_hi = _covered_rows(lb, wb, bins, xp)
-    new_lo, new_width = _grid(xp.minimum(a_lo, b_lo), xp.maximum(a_hi, b_hi), xp.maximum(wa, wb), bins, xp)
-    counts = _rebin(ca, la, wa, new_lo, new_width, xp) + _rebin(cb, lb, wb, new_lo, new_width, xp)
-    return _from_rows(a, counts, new_lo, new_width, xp)
+    ra, rb = _rows(a, xp), _rows(b, xp)
+    merged, lo, width = _combine(ra, rb.min_val, rb.max_val, rb.width, xp)
+    other = _rebin(rb.counts, rb.lo, rb.width, lo, width, xp)
+    return _unrows(a, merged._replace(counts=merged.counts + other), xp)
 
 
 def calib_histogram_edges(state: CalibHistogram, /, *, xp: Any = None) -> Array:
-    """The ``bins + 1`` edges ``lo + width * arange(bins + 1)`` (exact), shape ``(..., bins + 1)``."""
+    """The ``bins + 1`` edges ``lo + width * arange(bins + 1)``, computed exactly (and without overflow)
+    as ``(lo / width + j) * width``; shape ``(..., bins + 1)``. All 0 for an empty state."""
     xp = array_namespace(state.lo, xp=xp)
     bins = state.counts.shape[-1]
     steps = xp.arange(bins + 1, dtype=state.lo.dtype, device=_device(state.lo))
-    return state.lo[..., None] + state.width[..., None] * steps
+    width = state.width[..., None]
+    start = state.lo[..., None] / xp.where(width > 0, width, 1.0)
+    return (start + steps) * width

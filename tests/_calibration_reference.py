@@ -35,13 +35,10 @@ def _kl(p: np.ndarray, q: np.ndarray) -> float:
         return math.inf
     p = p / p.sum()
     q = q / q.sum()
-    total = 0.0
-    for pj, qj in zip(p, q):
-        if pj > 0:
-            if qj <= 0:
-                return math.inf
-            total += pj * math.log(pj / qj)
-    return total
+    if np.any((p > 0) & (q <= 0)):
+        return math.inf
+    used = p > 0
+    return float(np.sum(p[used] * np.log(p[used] / q[used])))
 
 
 def kl_divergences_ref(hist, *, num_levels, start_bin, stride=1, smoothing=0.0, flatten_first_bin=True):
@@ -53,13 +50,10 @@ def kl_divergences_ref(hist, *, num_levels, start_bin, stride=1, smoothing=0.0, 
     for i in range(start_bin, b.size + 1, stride):
         p = b[:i].copy()
         p[-1] += b[i:].sum()  # the clipped tail joins the last kept bin
-        group = (np.arange(i) * num_levels) // i
-        q = np.zeros(i)
-        for g in range(num_levels):
-            members = group == g
-            nonempty = members & (b[:i] > 0)
-            if nonempty.any():
-                q[nonempty] = b[:i][members].sum() / nonempty.sum()
+        group = (np.arange(i) * num_levels) // i  # bin j of the kept i merges into level floor(j L / i)
+        level_count = np.bincount(group, weights=b[:i], minlength=num_levels)
+        level_nonempty = np.bincount(group, weights=b[:i] > 0, minlength=num_levels)
+        q = np.where(b[:i] > 0, level_count[group] / np.maximum(level_nonempty[group], 1), 0.0)
         if smoothing > 0:
             p, q = _smooth(p, smoothing), _smooth(q, smoothing)
             out.append((i, math.inf if p is None or q is None else _kl(p, q)))
@@ -100,16 +94,14 @@ def qparams_ref(amax: float, *, quant_min: int, quant_max: int, symmetric: bool,
 
 
 def quant_error_ref(hist, edges, scale, zero_point, *, quant_min, quant_max) -> float:
-    """sum_j h_j (dequant(quant(c_j)) - c_j)**2 / sum_j h_j, bin centers c_j, round half to even."""
+    """sum_j h_j (dequant(quant(c_j)) - c_j)**2 / sum_j h_j over the bin centers c_j."""
     h = np.asarray(hist, dtype=np.float64)
     e = np.asarray(edges, dtype=np.float64)
     if h.sum() <= 0:
         return 0.0
-    err = 0.0
-    for hj, cj in zip(h, (e[1:] + e[:-1]) / 2):
-        q = min(max(np.round(cj / scale) + zero_point, quant_min), quant_max)
-        err += hj * ((q - zero_point) * scale - cj) ** 2
-    return err / h.sum()
+    c = (e[1:] + e[:-1]) / 2
+    q = np.clip(np.round(c / scale) + zero_point, quant_min, quant_max)  # np.round: half to even
+    return float(np.sum(h * ((q - zero_point) * scale - c) ** 2) / h.sum())
 
 
 def mse_errors_ref(hist, edges, *, quant_min, quant_max, symmetric, zero_point_sym=0, float_qparams=False,
