@@ -297,6 +297,8 @@ def _bincount_weighted(idx: Array, weights: Array, length: int, xp: Any) -> Arra
 # ----------------------------------------------------------------------------------------------
 # torch.histc
 
+_CHUNK = 1 << 16  # numpy/torch bin this many values at a time, in place, while they sit in cache
+
 
 def _histc_range(lo: Array, hi: Array, data_lo: Array, data_hi: Array, xp: Any) -> tuple[Array, Array]:
     """torch.histc's outer edges: if ``lo == hi`` use the data's range; if that is a single value ``c``
@@ -311,24 +313,85 @@ def _histc_range(lo: Array, hi: Array, data_lo: Array, data_hi: Array, xp: Any) 
     return xp.where(point, wide_lo, lo), xp.where(point, wide_hi, hi)
 
 
-def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[Array, Array]) -> Array:
-    """Counts of ``xf`` (1-D float) in ``bins`` equal bins over ``[lo, hi]`` (0-d, ``xf.dtype``), exactly as
-    ``torch.histc``: bin ``trunc((x - lo) * bins / (hi - lo))`` in ``xf``'s float arithmetic, the value
-    ``hi`` in the last bin, NaN, +/-inf and values outside ``[lo, hi]`` not counted; ``data`` is the
-    range of the finite values of ``xf`` (used when ``lo == hi``). Integer counts, in float at the end."""
-    lo, hi = _histc_range(lo, hi, data[0], data[1], xp)
-    wide = ~xp.isfinite(hi - lo)  # a span beyond float max: compute in halves
-    half = xp.where(wide, _scalar(0.5, lo, xp), _scalar(1.0, lo, xp))
+def _finite_range(xf: Array, xp: Any) -> tuple[Array, Array]:
+    """``(min, max)`` of the finite values of 1-D ``xf`` (``(+inf, -inf)`` if none), one kernel per
+    namespace."""
+    if is_numpy_namespace(xp):
+        finite = np.isfinite(xf)
+        return (np.asarray(np.min(xf, where=finite, initial=np.inf), dtype=xf.dtype),
+                np.asarray(np.max(xf, where=finite, initial=-np.inf), dtype=xf.dtype))  # fmt: skip
+    if is_torch_namespace(xp):
+        import torch  # only reached with torch tensors
+
+        lo = torch.amin(torch.nan_to_num(xf, nan=INF, posinf=INF, neginf=INF))
+        return lo, torch.amax(torch.nan_to_num(xf, nan=-INF, posinf=-INF, neginf=-INF))
+    return aminmax(xf, ignore_nonfinite=True, xp=xp)
+
+
+def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: bool) -> Array:
+    """Integer counts, length ``bins + 3``: ``[0, bins]`` by torch.histc's bin formula (``bins`` is the value
+    ``hi`` itself, folded into the last bin by the caller), ``bins + 1`` NaN, ``bins + 2`` +/-inf and (when
+    ``bounded``) values outside ``[lo, hi]``; ``lo < hi`` finite, as :func:`_histc_range` returns them.
+
+    Bin of ``x``: ``trunc((x - lo) * bins / (hi - lo))`` in ``xf``'s float arithmetic. When that product
+    would overflow, numerator and denominator are scaled by ``2**-26`` (exact, same quotient); when even
+    ``hi - lo`` overflows, ``x`` and the bounds are halved first."""
+    half = xp.where(xp.isfinite(hi - lo), _scalar(1.0, lo, xp), _scalar(0.5, lo, xp))
     width = hi * half - lo * half
-    # (x - lo) * bins overflows when width * bins does: scale both sides by 2**-26 (exact: powers of two)
     over = ~xp.isfinite(width * float(bins))
     num = xp.where(over, _scalar(bins * _SCALE, lo, xp), _scalar(float(bins), lo, xp))
     den = xp.where(over, width * _SCALE, width)
-    pos = _div((xf * half - lo * half) * num, den, xp)
-    keep = (xf >= lo) & (xf <= hi) & (hi > lo) & xp.isfinite(lo) & xp.isfinite(hi)
-    pos = xp.where(keep, xp.minimum(pos, float(bins - 1)), float(bins))
-    counts = _bincount(xp.astype(pos, index_dtype(xp)), bins + 1, xp)
-    return xp.astype(counts[:bins], xf.dtype)
+    lo_half = lo * half
+    nan_bin, out_bin = float(bins + 1), float(bins + 2)
+    if is_numpy_namespace(xp):
+        out = np.zeros(bins + 3, dtype=np.int64)
+        for s in range(0, xf.shape[0], _CHUNK):
+            c = xf[s:s + _CHUNK]
+            d = c * half
+            d -= lo_half
+            d *= num
+            d /= den
+            np.nan_to_num(d, copy=False, nan=nan_bin, posinf=out_bin, neginf=out_bin)
+            if bounded:
+                d[(c < lo) | (c > hi)] = out_bin
+            out += np.bincount(d.astype(np.intp), minlength=bins + 3)
+        return out
+    if is_torch_namespace(xp):
+        import torch  # only reached with torch tensors
+
+        out = torch.zeros(bins + 3, dtype=torch.int64, device=xf.device)
+        for s in range(0, xf.shape[0], _CHUNK):
+            c = xf[s:s + _CHUNK]
+            d = torch.mul(c, half)
+            d.sub_(lo_half).mul_(num).div_(den)
+            torch.nan_to_num_(d, nan=nan_bin, posinf=out_bin, neginf=out_bin)
+            if bounded:
+                d.masked_fill_((c < lo) | (c > hi), out_bin)
+            out += torch.bincount(d.to(torch.int32), minlength=bins + 3)
+        return out
+    pos = _div((xf * half - lo_half) * num, den, xp)
+    pos = xp.where(xp.isnan(pos), nan_bin, xp.where(xp.isfinite(pos), pos, out_bin))
+    if bounded:
+        pos = xp.where((xf >= lo) & (xf <= hi), pos, out_bin)
+    return _bincount(xp.astype(pos, index_dtype(xp)), bins + 3, xp)
+
+
+def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[Array, Array],
+           bounded: bool = True) -> tuple[Array, Array]:  # fmt: skip
+    """``(float counts, number of NaN)`` of ``xf`` (1-D float) in ``bins`` equal bins over ``[lo, hi]``
+    (0-d, ``xf.dtype``), exactly as ``torch.histc``: the value ``hi`` in the last bin; NaN, +/-inf and
+    values outside ``[lo, hi]`` not counted; ``data`` is the range of the finite values of ``xf`` (used
+    when ``lo == hi``). ``bounded=False`` when every finite value is known to lie in ``[lo, hi]``.
+    Counted in integers, converted to float at the end."""
+    lo, hi = _histc_range(lo, hi, data[0], data[1], xp)
+    ok = (hi > lo) & xp.isfinite(lo) & xp.isfinite(hi)
+    lo = xp.where(ok, lo, _scalar(0.0, lo, xp))
+    hi = xp.where(ok, hi, _scalar(1.0, hi, xp))
+    c = _counts(xf, bins, lo, hi, xp, bounded=bounded)
+    last = xp.reshape(c[bins - 1] + c[bins], (1,))
+    counts = xp.concat([c[: bins - 1], last])
+    counts = xp.where(ok, counts, xp.zeros_like(counts))
+    return xp.astype(counts, xf.dtype), c[bins + 1]
 
 
 def histogram(x: Array, /, *, bins: int, lo: Any, hi: Any, xp: Any = None) -> Array:
@@ -377,8 +440,8 @@ def histogram(x: Array, /, *, bins: int, lo: Any, hi: Any, xp: Any = None) -> Ar
         xf = xp.astype(xp.reshape(x, (-1,)), dtype)
         if size(xf) == 0:
             return xp.zeros((bins,), dtype=dtype, device=_device(x))
-        data = aminmax(xf, ignore_nonfinite=True, xp=xp)
-        return _histc(xf, bins, bounds[0], bounds[1], xp, data=data)
+        data = _finite_range(xf, xp)
+        return _histc(xf, bins, bounds[0], bounds[1], xp, data=data)[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -429,7 +492,7 @@ def _to_range(state: HistogramState, new_min: Array, new_max: Array, up: int, xp
     rebinned = _rebin(hist, lo, hi, nlo, nhi, up, xp)
     c = xp.where(point, old_min, zero)
     onehot = _histc(xp.reshape(c, (1,)), bins, xp.where(point, new_min, zero), xp.where(point, new_max, one),
-                    xp, data=(c, c))  # fmt: skip
+                    xp, data=(c, c))[0]  # fmt: skip
     at_point = xp.where(onehot > 0, xp.sum(hist), xp.zeros_like(hist))
     out = xp.where(same, hist, xp.where(point, at_point, rebinned))
     return xp.where(empty, xp.zeros_like(hist), out)
@@ -466,20 +529,21 @@ def histogram_update(
     if size(x) == 0:
         return state
     with np.errstate(all="ignore"):
-        xf = xp.astype(xp.reshape(x, (-1,)), xp.float32)
-        x_lo, x_hi = aminmax(xf, ignore_nonfinite=True, xp=xp)
+        xf = xp.astype(xp.reshape(x, (-1,)), xp.float32, copy=False)
+        x_lo, x_hi = _finite_range(xf, xp)
         fresh = (state.min_val == INF) | (state.max_val == -INF)
         new_min = xp.where(fresh, x_lo, xp.minimum(state.min_val, x_lo))
         new_max = xp.where(fresh, x_hi, xp.maximum(state.max_val, x_hi))
-        batch = _histc(xf, bins, new_min, new_max, xp, data=(x_lo, x_hi))
+        # every finite value lies in [new_min, new_max]: no bounds check needed
+        batch, nans = _histc(xf, bins, new_min, new_max, xp, data=(x_lo, x_hi), bounded=False)
         hist = batch + _to_range(state, new_min, new_max, up, xp)
         seen = x_lo <= x_hi
         hist = xp.where(seen, hist, state.histogram)
         new_min = xp.where(seen, new_min, state.min_val)
         new_max = xp.where(seen, new_max, state.max_val)
         poisoned = xp.isnan(state.min_val) | xp.isnan(state.max_val)
-        if not ignore_nonfinite and xp.isdtype(x.dtype, "real floating"):
-            poisoned = poisoned | xp.any(xp.isnan(xf))
+        if not ignore_nonfinite:
+            poisoned = poisoned | (nans > 0)
         nan = _scalar(float("nan"), new_min, xp)
         return HistogramState(
             xp.where(poisoned, state.histogram, hist),
