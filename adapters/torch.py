@@ -30,7 +30,10 @@ Differences from torch, all on inputs torch does not handle well:
   ``nanmin``/``nanmax`` do; ``calculate_qparams`` then gives a channel that saw no finite value
   ``scale=1, zero_point=0`` with a warning. The flag is configuration, like ``qscheme``: it is kept by
   ``copy.deepcopy`` and pickling, and is not a state_dict entry (the keys stay torch's);
-- the observers are eager-only (they call the Python core, so ``torch.jit.script`` does not apply).
+- the observers are eager-only (they call the Python core, so ``torch.jit.script`` does not apply);
+  ``FusedMovingAvgObsFakeQuantize`` and ``FixedQParamsFakeQuantize`` insist on torch's own observer
+  classes (``isinstance``/``type`` checks), so they need torch's observers; ``.half()``/``.bfloat16()``
+  observers give a float32 scale where torch gives the buffer dtype.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ in its own fresh process (torch and JAX in one process fight over the cores).
 
 Cases: per tensor (MinMax, MovingAverage) on ``N`` elements, per channel (PerChannel,
 MovingAveragePerChannel) on ``(64, N / 64)`` with ``ch_axis=0``; ``N`` = 16M (throughput, GB/s of
-input read; goal: ours >= 0.95x torch.ao) and 4k (time per call; goal: ours <= 1.3x torch.ao).
-Timings are medians of interleaved repeats (see ``_timing.py``); each repeat times ``number`` calls.
+input read; goal: ours >= 0.95x torch.ao) and 4k (time per call; goal: ours <= 1.3x torch.ao; run
+with torch's default threads and with one thread). Timings are medians of interleaved repeats (see ``_timing.py``); each repeat times ``number`` calls.
 
 Usage: ``python benchmarks/bench_minmax.py [--repeats 15] [--no-subprocesses]``
 """
@@ -35,22 +35,28 @@ def _calls_per_repeat(n: int) -> int:
     return 1 if n >= LARGE else 300
 
 
-def bench_torch(repeats: int) -> list[tuple[str, str, float, float]]:
-    """(size label, class, torch.ao seconds/call, ours seconds/call) for every case."""
+def bench_torch(repeats: int) -> list[tuple[str, int, str, float, float]]:
+    """(size label, torch threads, class, torch.ao seconds/call, ours seconds/call) for every case.
+
+    The 4k cases also run with one intra-op thread: a call is then pure per-call overhead, without
+    waiting for a second thread to be scheduled (which dominates on a busy 2-core machine)."""
     import torch
     from torch.ao.quantization import observer as tobs
 
     from observers_core.adapters import torch as ours
 
-    print(f"torch threads: {torch.get_num_threads()}")
+    default_threads = torch.get_num_threads()
+    runs = [(label, n, default_threads) for label, n in SIZES.items()] + [("4k", SMALL, 1)]
     rows = []
-    for label, n in SIZES.items():
+    for label, n, threads in runs:
+        torch.set_num_threads(threads)
         for cls_name in CLASSES:
             x = torch.randn(_shape(n, "PerChannel" in cls_name), generator=torch.Generator().manual_seed(0))
             theirs, mine = getattr(tobs, cls_name)(), getattr(ours, cls_name)()
             t = time_interleaved({"torch.ao": partial(theirs, x), "ours": partial(mine, x)},
                                  number=_calls_per_repeat(n), repeats=repeats)
-            rows.append((label, cls_name, t["torch.ao"].median, t["ours"].median))
+            rows.append((label, threads, cls_name, t["torch.ao"].median, t["ours"].median))
+    torch.set_num_threads(default_threads)
     return rows
 
 
@@ -108,20 +114,21 @@ def main() -> int:
 
     print(machine_line("torch", "jax", "numpy", "array-api-compat"))
     rows = bench_torch(args.repeats)
-    print(f"\n{'case':48s} {'torch.ao':>12s} {'ours':>12s} {'ratio':>7s}  goal")
+    print(f"\n{'case (torch threads)':48s} {'torch.ao':>12s} {'ours':>12s} {'ratio':>7s}  goal")
     met_all = True
-    for label, cls_name, t_theirs, t_mine in rows:
+    for label, threads, cls_name, t_theirs, t_mine in rows:
         n = SIZES[label]
         if n >= LARGE:
             ratio = t_theirs / t_mine  # throughput ratio: ours / torch.ao
             met = ratio >= LARGE_GOAL
-            cells = f"{_gbps(n, t_theirs):8.2f} GB/s {_gbps(n, t_mine):7.2f} GB/s {ratio:7.2f}  >= {LARGE_GOAL} throughput"
+            cells = (f"{_gbps(n, t_theirs):8.2f} GB/s {_gbps(n, t_mine):7.2f} GB/s {ratio:7.2f}  "
+                     f">= {LARGE_GOAL} throughput")
         else:
             ratio = t_mine / t_theirs  # time ratio: ours / torch.ao
             met = ratio <= SMALL_GOAL
             cells = f"{t_theirs * 1e6:9.1f} us {t_mine * 1e6:9.1f} us {ratio:7.2f}  <= {SMALL_GOAL} time/call"
         met_all &= met
-        print(f"{cls_name + ' ' + label:48s} {cells}  {'met' if met else 'MISSED'}")
+        print(f"{f'{cls_name} {label} ({threads})':48s} {cells}  {'met' if met else 'MISSED'}")
 
     if not args.no_subprocesses:
         here = os.path.abspath(__file__)
