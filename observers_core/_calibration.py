@@ -129,11 +129,14 @@ def _default_tie_tol(xp: Any, dtype: Any) -> float:
 
 class _Hist(NamedTuple):
     counts: Array  # (C, B), work dtype
-    edges: Array  # (C, B + 1), work dtype
-    out_edges: Array  # (C, B + 1), the caller's edges (exact) in the output dtype
+    out_edges: Array  # (C, B + 1), the caller's edges (exact) in the output dtype (a broadcast view)
     lead: tuple  # leading (channel) shape of the results
     dtype: Any  # work dtype
     device: Any
+
+    def edges(self, xp: Any) -> Array:
+        """The edges (C, B + 1) in the work dtype."""
+        return xp.astype(self.out_edges, self.dtype, copy=False)
 
 
 def _prepare(hist: Array, edges: Array, xp: Any) -> _Hist:
@@ -152,11 +155,11 @@ def _prepare(hist: Array, edges: Array, xp: Any) -> _Hist:
     device = _device(hist)
     dtype = _work_dtype(xp, device)
     channels = math.prod(lead)
-    counts = xp.reshape(xp.astype(hist, dtype), (channels, bins))
+    counts = xp.reshape(xp.astype(hist, dtype, copy=False), (channels, bins))
     out_dtype = edges.dtype if xp.isdtype(edges.dtype, "real floating") else dtype
-    out_edges = xp.reshape(xp.astype(edges, out_dtype), (-1, bins + 1))
+    out_edges = xp.reshape(xp.astype(edges, out_dtype, copy=False), (-1, bins + 1))
     out_edges = xp.broadcast_to(out_edges, (channels, bins + 1))
-    return _Hist(counts, xp.astype(out_edges, dtype), out_edges, lead, dtype, device)
+    return _Hist(counts, out_edges, lead, dtype, device)
 
 
 def _index_array(table: np.ndarray, xp: Any, device: Any) -> Array:
@@ -567,16 +570,17 @@ def _mse_search(hist, edges, *, spec, start_bin, stride, xp) -> tuple[_Hist, Sea
     stride = _check_int(stride, "stride", minimum=1)
     cand_np = np.arange(start_bin, bins, stride)
     cand = _index_array(cand_np, xp, h.device)
-    centers = (h.edges[:, 1:] + h.edges[:, :-1]) / 2
+    h_edges = h.edges(xp)
+    centers = (h_edges[:, 1:] + h_edges[:, :-1]) / 2
     amax = _take_shared(centers, cand, xp)  # (C, K)
     qp = calculate_qparams(xp.zeros_like(amax), amax, spec, xp=xp)
     scale = xp.astype(qp.scale, h.dtype)
     low, high = _mse_window(spec)
-    norm = xp.max(xp.abs(h.edges), axis=-1)
+    norm = xp.max(xp.abs(h_edges), axis=-1)
     norm = xp.where((norm > 0) & (norm < INF), norm, 1.0)
     levels = high - low + 1
     if h.dtype == xp.float64 and levels <= bins:
-        err, noise = _squared_error_by_levels(h.counts, h.edges, scale, levels, norm, xp)
+        err, noise = _squared_error_by_levels(h.counts, h_edges, scale, levels, norm, xp)
     else:
         zero_point = xp.astype(qp.zero_point, h.dtype)
         err = _by_channel_chunks(
@@ -665,8 +669,9 @@ def histogram_quantization_error(
     scale = xp.broadcast_to(xp.reshape(xp.astype(xp.asarray(scale, device=h.device), h.dtype), (-1, 1)), (channels, 1))
     zero_point = xp.astype(xp.asarray(zero_point, device=h.device), h.dtype)
     zero_point = xp.broadcast_to(xp.reshape(zero_point, (-1, 1)), (channels, 1))
-    centers = (h.edges[:, 1:] + h.edges[:, :-1]) / 2
-    norm = xp.max(xp.abs(h.edges), axis=-1)
+    h_edges = h.edges(xp)
+    centers = (h_edges[:, 1:] + h_edges[:, :-1]) / 2
+    norm = xp.max(xp.abs(h_edges), axis=-1)
     norm = xp.where((norm > 0) & (norm < INF), norm, 1.0)
     err = _squared_error(h.counts, centers, scale, zero_point, (quant_min, quant_max), norm, xp)[:, 0]
     total = xp.sum(h.counts, axis=-1)
@@ -708,16 +713,14 @@ def percentile_range(
     h = _prepare(hist, edges, xp)
     bins = h.counts.shape[-1]
     cum = xp.cumulative_sum(h.counts, axis=-1)
-    total = cum[:, -1:]
     keep = percentile / 100 if symmetric else 1 - (100 - percentile) / 200
-    target = keep * total
-    count_dtype = index_dtype(xp)
-    hi_index = xp.sum(xp.astype(cum < target, count_dtype), axis=-1)
-    hi = _select(h.out_edges, hi_index, xp)
+    target = keep * cum[:, -1:]
+    # The first bin whose cumulative count reaches the target (one exists: keep <= 1).
+    hi = _select(h.out_edges, xp.argmax(xp.astype(cum >= target, xp.int8), axis=-1), xp)
     if symmetric:
         return _shaped(xp.zeros_like(hi), h, xp), _shaped(hi, h, xp)
     from_top = xp.cumulative_sum(xp.flip(h.counts, axis=-1), axis=-1)
-    lo_index = bins - xp.sum(xp.astype(from_top < target, count_dtype), axis=-1)
+    lo_index = bins - xp.argmax(xp.astype(from_top >= target, xp.int8), axis=-1)
     lo = _select(h.out_edges, lo_index, xp)
     return _shaped(lo, h, xp), _shaped(hi, h, xp)
 
