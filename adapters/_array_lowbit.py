@@ -1,3 +1,441 @@
-"""Placeholder: the generic (any array namespace) lowbit observers come with their issue."""
+"""Low-bit observers over one array-API namespace: per-group integers, fp8 scaling, OCP MX and BFP16.
 
-__all__: list[str] = []
+Used directly (``xp=numpy`` by default, or ``array_api_strict``) they are plain NumPy observers;
+``observers_core.adapters.jax`` and ``.cupy`` add only ``jax.jit`` and device handling, and
+``observers_core.adapters.torch`` reuses the functions of this module (:func:`make_spec`,
+:func:`observe`, :func:`check_loaded_stats`) behind ``nn.Module`` buffers.
+
+Configuration is backend-neutral: the keywords of :func:`observers_core.lowbit_spec` (``dtype`` name,
+``granularity``, ``axis``, ``group_size`` or ``block_size``, ``symmetric``, ``rounding``, ``eps``).
+Statistics are a :class:`~observers_core.MinMaxState` of per-group arrays (shape: the input's with
+``axis`` replaced by the number of groups/blocks; ``()`` per tensor, ``(C,)`` per channel):
+
+- static mode (``is_dynamic=False``, the default): ``state = minmax_merge(state, lowbit_stats(x))``
+  over every batch, so all batches must give statistics of one shape;
+- dynamic mode (``is_dynamic=True``): ``state = lowbit_stats(x)``, the last batch alone.
+
+``calculate_qparams()`` is :func:`observers_core.lowbit_qparams` of the state: ``QParams(scale,
+zero_point)`` for integers (int32 zero points) and fp8 (zero points 0), ``BlockScale(scale, exponent)``
+for MX and BFP16 (``exponent``: uint8 E8M0 codes ``e + 127``, ``scale = 2**e``).
+``fake_quantize(x)`` quantizes and dequantizes ``x`` with them. Calling the observer returns its input
+unchanged; bad inputs (bool/complex, ``axis`` out of range, a group size that does not divide the
+axis, statistics of another shape than the state's, another device) raise and leave the state untouched.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import array_api_compat
+import numpy as np
+
+from observers_core._dtypes import FLOAT32_EPS
+from observers_core._lowbit import (
+    BFP_DTYPES,
+    FP8_MAX,
+    INT_RANGES,
+    MX_DTYPES,
+    LowBitSpec,
+    lowbit_fake_quantize,
+    lowbit_qparams,
+    lowbit_spec,
+    lowbit_stats,
+)
+from observers_core._minmax import MinMaxState, minmax_init, minmax_merge
+from observers_core._mx import BlockScale, check_block_size
+from observers_core._namespace import check_real, normalize_axis, size
+from observers_core._qparams import QParams
+
+from ._array_observers import ObserverBase, _check_bool, _check_entry, _check_keys
+
+__all__ = [
+    "LowBitObserver",
+    "PerGroupMinMaxObserver",
+    "FP8Observer",
+    "PerBlockMXObserver",
+    "PerBlockBFPObserver",
+]
+
+Array = Any
+
+#: The dtypes each observer family accepts (``None``: any low-bit dtype).
+FAMILY_DTYPES: dict[str, tuple[str, ...]] = {
+    "int": tuple(INT_RANGES),
+    "fp8": tuple(FP8_MAX),
+    "mx": tuple(MX_DTYPES),
+    "bfp": tuple(BFP_DTYPES),
+}
+UNINITIALIZED_WARNING = "must run observer before calling calculate_qparams. Returning default values."
+
+
+# ------------------------------------------------------------------------ shared by every adapter
+
+
+def make_spec(
+    owner: str,
+    family: str | None,
+    dtype: Any,
+    *,
+    granularity: str | None = None,
+    axis: int | None = None,
+    group_size: int | None = None,
+    block_size: int | None = None,
+    symmetric: bool | None = None,
+    rounding: str | None = None,
+    eps: float = FLOAT32_EPS,
+) -> LowBitSpec:
+    """:func:`observers_core.lowbit_spec` for an observer class ``owner`` that takes the dtypes of
+    ``family`` only; ``block_size`` is the block formats' name for ``group_size`` (named in errors)."""
+    key = dtype.removeprefix("torch.") if isinstance(dtype, str) else dtype
+    if family is not None and key not in FAMILY_DTYPES[family]:
+        raise ValueError(f"dtype={dtype!r} is not supported by {owner}; allowed: {', '.join(FAMILY_DTYPES[family])}")
+    if block_size is not None:
+        if group_size is not None:
+            raise ValueError(f"give block_size or group_size, not both (got {block_size} and {group_size})")
+        group_size = check_block_size(block_size, name="block_size")
+    return lowbit_spec(
+        key, granularity=granularity, axis=axis, group_size=group_size, symmetric=symmetric, rounding=rounding, eps=eps
+    )
+
+
+def check_axis(x: Array, spec: LowBitSpec) -> None:
+    """``ValueError`` naming ``axis`` unless the spec's axis exists in ``x`` (checked for empty inputs too)."""
+    if spec.axis is not None:
+        normalize_axis(spec.axis, x.ndim)
+
+
+def observe(state: MinMaxState | None, x: Array, /, *, spec: LowBitSpec, ignore_nonfinite: bool, xp: Any) -> MinMaxState:
+    """``minmax_merge(state, lowbit_stats(x))`` (``state=None``: ``lowbit_stats(x)``, the dynamic mode and
+    the first batch). The batch's statistics are cast to the state's dtype; a batch whose statistics
+    have another shape than the state's raises ``ValueError`` (shapes are static: safe under jit)."""
+    new = lowbit_stats(x, spec, ignore_nonfinite=ignore_nonfinite, xp=xp)
+    if state is None:
+        return new
+    if tuple(new.min_val.shape) != tuple(state.min_val.shape):
+        raise ValueError(
+            f"x of shape {tuple(x.shape)} gives statistics of shape {tuple(new.min_val.shape)} "
+            f"({spec.granularity}, axis={spec.axis}, group_size={spec.group_size}) but the observer holds "
+            f"{tuple(state.min_val.shape)}; observe inputs of one shape, or call reset_min_max_vals() first"
+        )
+    if new.min_val.dtype != state.min_val.dtype:
+        new = MinMaxState(xp.astype(new.min_val, state.min_val.dtype), xp.astype(new.max_val, state.max_val.dtype))
+    return minmax_merge(state, new, xp=xp)
+
+
+def unobserved_state(xp: Any, device: Any = None) -> MinMaxState:
+    """One entry that has seen nothing (``+inf``/``-inf``): its qparams are the defaults returned before
+    any input (integers ``s = 1, z = 0`` as torch; fp8 ``s = eps``; MX/BFP16 code 0)."""
+    return minmax_init(num_channels=1, device=device, xp=xp)
+
+
+def check_fake_quantize_input(x: Array, state: MinMaxState, spec: LowBitSpec) -> None:
+    """Per channel: ``ValueError`` unless ``x`` has the state's channel count (the core checks groups
+    and blocks itself)."""
+    if spec.granularity == "per_channel":
+        axis = normalize_axis(spec.axis, x.ndim)
+        if (x.shape[axis],) != tuple(state.min_val.shape):
+            raise ValueError(
+                f"x has {x.shape[axis]} channels along axis={spec.axis} but the observer holds "
+                f"{tuple(state.min_val.shape)}"
+            )
+
+
+def check_loaded_stats(lo: np.ndarray, hi: np.ndarray, spec: LowBitSpec, owner: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """Validated ``min_val``/``max_val`` (numpy) of a state dict, as float32 (float64 stays float64);
+    ``None`` for the never-updated ``(0,)`` entries.
+
+    Checked: equal shapes; ``()`` per tensor, ``(C,)`` per channel, at least one dimension per group or
+    block; ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``)."""
+    if lo.shape != hi.shape:
+        raise ValueError(f"state_dict['min_val'] and ['max_val'] must have one shape for {owner}, got {lo.shape} and {hi.shape}")
+    if lo.shape == (0,):
+        return None
+    ndim_ok = {"per_tensor": lo.ndim == 0, "per_channel": lo.ndim == 1}.get(spec.granularity, lo.ndim >= 1)
+    if not ndim_ok:
+        raise ValueError(
+            f"state_dict['min_val'] of shape {lo.shape} does not fit {owner} ({spec.granularity}); "
+            "allowed: () per tensor, (C,) per channel, the input's shape with the axis grouped otherwise"
+        )
+    dtype = np.float64 if lo.dtype == np.float64 and hi.dtype == np.float64 else np.float32
+    lo, hi = lo.astype(dtype), hi.astype(dtype)
+    with np.errstate(invalid="ignore"):
+        never = (lo == np.inf) & (hi == -np.inf)
+        bad = (lo > hi) & ~never
+    if np.any(bad):
+        raise ValueError(f"state_dict has min_val > max_val at {np.argwhere(bad).tolist()}: {lo[bad].tolist()} > {hi[bad].tolist()}")
+    return lo, hi
+
+
+def describe(spec: LowBitSpec, is_dynamic: bool, ignore_nonfinite: bool) -> str:
+    """The ``repr`` of a configuration."""
+    parts = [f"dtype={spec.dtype!r}", f"granularity={spec.granularity!r}"]
+    if spec.axis is not None:
+        parts.append(f"axis={spec.axis}")
+    if spec.group_size is not None:
+        parts.append(f"{'block_size' if spec.granularity == 'per_block' else 'group_size'}={spec.group_size}")
+    if spec.family == "int":
+        parts.append(f"symmetric={spec.symmetric}")
+    if spec.rounding is not None:
+        parts.append(f"rounding={spec.rounding!r}")
+    parts.append(f"is_dynamic={is_dynamic}")
+    if ignore_nonfinite:
+        parts.append("ignore_nonfinite=True")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------- classes
+
+
+class LowBitObserver(ObserverBase):
+    """Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
+
+    ``obs(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when ``is_dynamic``)
+    and returns ``x``; ``calculate_qparams()`` is ``lowbit_qparams(state)``; ``fake_quantize(x)`` is
+    ``lowbit_fake_quantize(x, calculate_qparams())``. ``ignore_nonfinite=True`` skips NaN/+-Inf (BFP16
+    always does); by default NaN propagates (integer scale NaN, MX code 255).
+    """
+
+    _FAMILY: str | None = None
+
+    def __init__(
+        self,
+        dtype: str,
+        *,
+        granularity: str | None = None,
+        axis: int | None = None,
+        group_size: int | None = None,
+        block_size: int | None = None,
+        symmetric: bool | None = None,
+        rounding: str | None = None,
+        eps: float = FLOAT32_EPS,
+        is_dynamic: bool = False,
+        ignore_nonfinite: bool = False,
+        xp: Any = None,
+    ) -> None:
+        spec = make_spec(
+            type(self).__name__, self._FAMILY, dtype, granularity=granularity, axis=axis, group_size=group_size,
+            block_size=block_size, symmetric=symmetric, rounding=rounding, eps=eps,
+        )
+        super().__init__(spec.dtype, is_dynamic, xp=xp)
+        self.ignore_nonfinite = _check_bool(ignore_nonfinite, "ignore_nonfinite")
+        self._spec = spec
+        self._state: MinMaxState | None = None
+
+    @property
+    def spec(self) -> LowBitSpec:
+        """The validated, hashable configuration."""
+        return self._spec
+
+    # -- hooks (JAX jits them, CuPy runs them on the state's device) -----------------------------
+    def _compute_update(self, state: MinMaxState | None, x: Array) -> MinMaxState:
+        return observe(state, x, spec=self._spec, ignore_nonfinite=self.ignore_nonfinite, xp=self._xp)
+
+    def _compute_qparams(self, state: MinMaxState) -> QParams | BlockScale:
+        return lowbit_qparams(state, self._spec, xp=self._xp)
+
+    def _compute_fake_quantize(self, x: Array, qparams: QParams | BlockScale) -> Array:
+        return lowbit_fake_quantize(x, qparams, self._spec, xp=self._xp)
+
+    # -- state ---------------------------------------------------------------------------------
+    @property
+    def state(self) -> MinMaxState | None:
+        """The statistics (a pytree), ``None`` before the first non-empty input."""
+        return self._state
+
+    @state.setter
+    def state(self, state: MinMaxState | None) -> None:
+        if state is not None:
+            if not isinstance(state, tuple) or len(state) != 2:
+                raise TypeError(f"state must be a MinMaxState(min_val, max_val) or None, got {type(state).__name__}")
+            state = MinMaxState(*state)
+            if tuple(state.min_val.shape) != tuple(state.max_val.shape):
+                raise ValueError(
+                    f"state must hold min_val and max_val of one shape, got {tuple(state.min_val.shape)} "
+                    f"and {tuple(state.max_val.shape)}"
+                )
+        self._state = state
+
+    @property
+    def min_val(self) -> Array:
+        return self.state_dict()["min_val"]
+
+    @property
+    def max_val(self) -> Array:
+        return self.state_dict()["max_val"]
+
+    def reset_min_max_vals(self) -> None:
+        """Forget everything seen."""
+        self._state = None
+
+    # -- observe -------------------------------------------------------------------------------
+    def _check_input(self, x: Array) -> Array:
+        x = self._coerce_input(x)
+        check_real(x, self._xp, name="x")
+        check_axis(x, self._spec)
+        return x
+
+    def update(self, state: MinMaxState | None, x: Array) -> MinMaxState | None:
+        """Pure: the state after observing ``x`` (``state=None``: nothing seen yet; dynamic mode ignores
+        ``state``). Empty ``x`` returns ``state``."""
+        x = self._check_input(x)
+        if size(x) == 0:
+            return state
+        state = None if state is None or self.is_dynamic else MinMaxState(*state)
+        if state is not None:
+            self._check_device(x, state)
+        return self._compute_update(state, x)
+
+    def __call__(self, x: Array) -> Array:
+        """Observe ``x`` and return it (the same object). Errors leave the state untouched."""
+        self._state = self.update(self._state, x)
+        return x
+
+    # -- qparams -------------------------------------------------------------------------------
+    def qparams(self, state: MinMaxState) -> QParams | BlockScale:
+        """Pure: :func:`observers_core.lowbit_qparams` of ``state``."""
+        return self._compute_qparams(MinMaxState(*state))
+
+    def calculate_qparams(self) -> QParams | BlockScale:
+        """``QParams(scale, zero_point)`` (integers, fp8) or ``BlockScale(scale, exponent)`` (MX, BFP16) of
+        the observed statistics, one entry per tensor / channel / group / block; see
+        :func:`observers_core.lowbit_qparams`. Before any input: a warning and the qparams of one
+        entry that has seen nothing (integers ``[1.], [0]`` as torch)."""
+        if self._state is None:
+            warnings.warn(UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
+            return self._compute_qparams(self._unobserved_state())
+        return self._compute_qparams(self._state)
+
+    def _unobserved_state(self) -> MinMaxState:
+        return unobserved_state(self._xp)
+
+    def fake_quantize(self, x: Array) -> Array:
+        """Quantize-dequantize ``x`` with :meth:`calculate_qparams` (``x`` must fit the statistics'
+        shape); see :func:`observers_core.lowbit_fake_quantize`. Output dtype: ``x``'s floating dtype."""
+        x = self._check_input(x)
+        if self._state is None:
+            raise RuntimeError(f"{type(self).__name__}.fake_quantize needs observed statistics; call the observer on data first")
+        self._check_device(x, self._state)
+        check_fake_quantize_input(x, self._state, self._spec)
+        return self._compute_fake_quantize(x, self._compute_qparams(self._state))
+
+    # -- state dict ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Array]:
+        """``{"min_val", "max_val"}``: the statistics, or ``(0,)`` float32 arrays before any input."""
+        if self._state is None:
+            empty = np.zeros((0,), np.float32)
+            return {"min_val": self._place(empty, None), "max_val": self._place(empty, None)}
+        return {"min_val": self._state.min_val, "max_val": self._state.max_val}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load ``min_val``/``max_val`` (numpy, this framework's arrays or torch CPU tensors), all checked
+        (:func:`check_loaded_stats`) before anything changes."""
+        owner = type(self).__name__
+        _check_keys(state_dict, ("min_val", "max_val"), owner)
+        lo = _check_entry(state_dict["min_val"], "min_val", None)
+        hi = _check_entry(state_dict["max_val"], "max_val", None)
+        checked = check_loaded_stats(lo, hi, self._spec, owner)
+        if checked is None:
+            self._state = None
+            return
+        like = None if self._state is None else self._state.min_val
+        self._state = MinMaxState(*(self._place(a, None, like) for a in checked))
+
+    def extra_repr(self) -> str:
+        shape = None if self._state is None else tuple(self._state.min_val.shape)
+        return describe(self._spec, self.is_dynamic, self.ignore_nonfinite) + f", stats_shape={shape}"
+
+
+class PerGroupMinMaxObserver(LowBitObserver):
+    """Integer (``int2``..``int8``, ``uint4``, ``uint8``) min/max per group of ``group_size``
+    consecutive elements along ``axis`` (``-1``: one group spanning the axis), torchao's
+    ``choose_qparams_affine(block_size=(1, ..., group_size))``: asymmetric
+    ``s = max((M - m) / (Q_max - Q_min), eps)``, ``z = clip(Q_min - round(m / s), Q_min, Q_max)``;
+    symmetric ``s = max(max(-m, M) / ((Q_max - Q_min) / 2), eps)``, with ``m = min(x_min, 0)``,
+    ``M = max(x_max, 0)``. ``group_size`` defaults to 128 (torchao's int4 weight-only default)."""
+
+    _FAMILY = "int"
+
+    def __init__(
+        self,
+        dtype: str = "int4",
+        axis: int = -1,
+        group_size: int = 128,
+        symmetric: bool = False,
+        eps: float = FLOAT32_EPS,
+        is_dynamic: bool = False,
+        *,
+        ignore_nonfinite: bool = False,
+        xp: Any = None,
+    ) -> None:
+        super().__init__(
+            dtype, granularity="per_group", axis=axis, group_size=group_size, symmetric=symmetric, eps=eps,
+            is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, xp=xp,
+        )
+
+
+class FP8Observer(LowBitObserver):
+    """fp8 scaling (``float8_e4m3fn``, ``float8_e5m2``): ``s = amax / max_fp8`` (448 / 57344) with
+    ``amax = max(-x_min, x_max)`` per tensor (no ``axis``), per channel (``axis``) or per group
+    (``axis`` and ``group_size``); an all-zero range gets ``s = eps``. ``calculate_qparams()`` gives
+    ``QParams(scale, zero_point=0)``; ``fake_quantize`` is ``fp8(clip(x / s, -max_fp8, max_fp8)) * s``."""
+
+    _FAMILY = "fp8"
+
+    def __init__(
+        self,
+        dtype: str = "float8_e4m3fn",
+        granularity: str | None = None,
+        axis: int | None = None,
+        group_size: int | None = None,
+        eps: float = FLOAT32_EPS,
+        is_dynamic: bool = False,
+        *,
+        ignore_nonfinite: bool = False,
+        xp: Any = None,
+    ) -> None:
+        super().__init__(
+            dtype, granularity=granularity, axis=axis, group_size=group_size, eps=eps, is_dynamic=is_dynamic,
+            ignore_nonfinite=ignore_nonfinite, xp=xp,
+        )
+
+
+class PerBlockMXObserver(LowBitObserver):
+    """OCP MX (``mxfp8_e4m3``, ``mxfp8_e5m2``, ``mxfp6_e3m2``, ``mxfp6_e2m3``, ``mxfp4``, ``mxint8``):
+    one shared E8M0 exponent per block of ``block_size`` elements along ``axis`` (the last block
+    zero-padded), ``e = floor(log2(amax)) - emax_elem`` for ``rounding="floor"`` (the spec; also
+    ``"ceil"``, ``"even"``, ``"rceil"``, see :func:`observers_core.mx_scale`). ``calculate_qparams()``
+    gives ``BlockScale(scale=2**e, exponent=e + 127)`` (uint8 codes)."""
+
+    _FAMILY = "mx"
+
+    def __init__(
+        self,
+        dtype: str = "mxfp8_e4m3",
+        axis: int = -1,
+        block_size: int = 32,
+        rounding: str = "floor",
+        is_dynamic: bool = False,
+        *,
+        ignore_nonfinite: bool = False,
+        xp: Any = None,
+    ) -> None:
+        super().__init__(
+            dtype, axis=axis, block_size=block_size, rounding=rounding, is_dynamic=is_dynamic,
+            ignore_nonfinite=ignore_nonfinite, xp=xp,
+        )
+
+
+class PerBlockBFPObserver(LowBitObserver):
+    """BFP16 (AMD Quark): one shared exponent per block of ``block_size`` (8) along ``axis``, 8-bit
+    signed mantissas: ``e = floor(log2(amax))``, plus one where the largest value's mantissa would round
+    to 128 (Quark's rule, :func:`observers_core.bfp_scale`). NaN/Inf are always skipped (Quark zeroes
+    them). ``calculate_qparams()`` gives ``BlockScale(scale=2**e, exponent=e + 127)``."""
+
+    _FAMILY = "bfp"
+
+    def __init__(
+        self, dtype: str = "bfp16", axis: int = -1, block_size: int = 8, is_dynamic: bool = False, *, xp: Any = None
+    ) -> None:
+        super().__init__(dtype, axis=axis, block_size=block_size, is_dynamic=is_dynamic, xp=xp)

@@ -1,3 +1,96 @@
-"""Placeholder: the lowbit observers for jax come with their issue."""
+"""JAX low-bit observers: per-group integers, fp8, MX and BFP16 over ``jax.numpy``, under ``jax.jit``.
 
-__all__: list[str] = []
+Everything but JAX specifics lives in :mod:`observers_core.adapters._array_lowbit`. Here the update,
+the qparams and the fake quantization are jitted with the hashable :class:`~observers_core.LowBitSpec`
+as a static argument: an observer traces its update once for the first batch (no state yet; the
+dynamic mode's only trace) and once for the merging update, per input shape and dtype; the compiled
+functions are shared by all observers with the same configuration. ``obs(x)`` never syncs with the
+host. ``obs.update(state, x)`` / ``obs.qparams(state)`` are the pure functions for a user's ``jit`` or
+``lax.scan`` (``obs.state`` is a pytree; ``obs.state = new_state`` stores one back).
+
+Example::
+
+    import jax.numpy as jnp
+    from observers_core.adapters.jax import PerBlockMXObserver
+
+    obs = PerBlockMXObserver("mxfp4", block_size=32)
+    for batch in batches:
+        obs(batch)                                   # jitted, asynchronous
+    scale, exponent = obs.calculate_qparams()        # exponent: uint8 E8M0 codes per block
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from observers_core._lowbit import lowbit_fake_quantize, lowbit_qparams
+
+from . import _array_lowbit as _base
+from .jax import _JaxMixin
+
+__all__ = list(_base.__all__)
+
+Array = Any
+
+
+def _update_body(state, x, *, spec, ignore_nonfinite):
+    """The traced update (``state=None``: the batch's own statistics)."""
+    return _base.observe(state, x, spec=spec, ignore_nonfinite=ignore_nonfinite, xp=jnp)
+
+
+@functools.partial(jax.jit, static_argnames=("spec", "ignore_nonfinite"))
+def _jit_update(state, x, *, spec, ignore_nonfinite):
+    return _update_body(state, x, spec=spec, ignore_nonfinite=ignore_nonfinite)
+
+
+def _qparams_body(state, spec):
+    return lowbit_qparams(state, spec, xp=jnp)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
+def _jit_qparams(state, *, spec):
+    return _qparams_body(state, spec)
+
+
+def _fake_quantize_body(x, qparams, spec):
+    return lowbit_fake_quantize(x, qparams, spec, xp=jnp)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
+def _jit_fake_quantize(x, qparams, *, spec):
+    return _fake_quantize_body(x, qparams, spec)
+
+
+class _JaxLowBitMixin(_JaxMixin):
+    def _compute_update(self, state, x: Array):
+        return _jit_update(state, x, spec=self._spec, ignore_nonfinite=self.ignore_nonfinite)
+
+    def _compute_qparams(self, state):
+        return _jit_qparams(state, spec=self._spec)
+
+    def _compute_fake_quantize(self, x: Array, qparams):
+        return _jit_fake_quantize(x, qparams, spec=self._spec)
+
+
+class LowBitObserver(_JaxLowBitMixin, _base.LowBitObserver):
+    __doc__ = _base.LowBitObserver.__doc__
+
+
+class PerGroupMinMaxObserver(_JaxLowBitMixin, _base.PerGroupMinMaxObserver):
+    __doc__ = _base.PerGroupMinMaxObserver.__doc__
+
+
+class FP8Observer(_JaxLowBitMixin, _base.FP8Observer):
+    __doc__ = _base.FP8Observer.__doc__
+
+
+class PerBlockMXObserver(_JaxLowBitMixin, _base.PerBlockMXObserver):
+    __doc__ = _base.PerBlockMXObserver.__doc__
+
+
+class PerBlockBFPObserver(_JaxLowBitMixin, _base.PerBlockBFPObserver):
+    __doc__ = _base.PerBlockBFPObserver.__doc__

@@ -1,3 +1,251 @@
-"""Placeholder: the lowbit observers for torch come with their issue."""
+"""torch low-bit observers: per-group integers, fp8, OCP MX and BFP16 as ``nn.Module`` observers.
 
-__all__: list[str] = []
+They subclass torch's ``ObserverBase`` (so ``with_args``, ``QConfig`` and torch's observer tooling
+recognise them) and keep their statistics in two buffers, ``min_val`` and ``max_val`` (empty until the
+first batch, then the per-group shape; float32, or float64 for float64 inputs), so ``state_dict``,
+``torch.save``/``torch.load``, ``copy.deepcopy`` and ``.to(device)`` work. The configuration, the
+update and the qparams are those of :mod:`observers_core.adapters._array_lowbit` (the core's
+:func:`~observers_core.lowbit_spec`, :func:`~observers_core.lowbit_stats` merged with
+:func:`~observers_core.minmax_merge`, :func:`~observers_core.lowbit_qparams`). ``dtype`` takes the
+core's names or, where one exists, the torch dtype (``torch.int4``, ``torch.float8_e4m3fn``...).
+The observers are eager-only; ``fake_quantize`` computes no gradient.
+
+Example::
+
+    import torch
+    from observers_core.adapters.torch import PerGroupMinMaxObserver
+
+    obs = PerGroupMinMaxObserver(torch.int4, axis=-1, group_size=128)
+    obs(linear.weight)
+    scale, zero_point = obs.calculate_qparams()      # (out_features, in_features // 128)
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from observers_core._dtypes import FLOAT32_EPS
+from observers_core._lowbit import lowbit_fake_quantize, lowbit_qparams
+from observers_core._minmax import MinMaxState
+
+from . import _array_lowbit as _base
+from ._array_observers import _check_bool, _check_entry
+from .torch import _XP, ObserverBase, _checked_input
+
+__all__ = list(_base.__all__)
+
+#: torch dtypes accepted for ``dtype`` (the core's names are accepted too).
+_TORCH_LOWBIT_DTYPES: dict[torch.dtype, str] = {
+    torch.int2: "int2",
+    torch.int3: "int3",
+    torch.int4: "int4",
+    torch.uint4: "uint4",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.float8_e4m3fn: "float8_e4m3fn",
+    torch.float8_e5m2: "float8_e5m2",
+}
+
+
+def _dtype_name(dtype: Any) -> Any:
+    """A torch dtype as the core's name; anything else unchanged (validated by the spec)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _TORCH_LOWBIT_DTYPES:
+            allowed = ", ".join(str(d) for d in _TORCH_LOWBIT_DTYPES)
+            raise ValueError(f"dtype={dtype} has no low-bit observer; allowed torch dtypes: {allowed} (or a dtype name)")
+        return _TORCH_LOWBIT_DTYPES[dtype]
+    return dtype
+
+
+class LowBitObserver(ObserverBase):
+    r"""Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
+
+    ``forward(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when
+    ``is_dynamic``) and returns ``x``; ``calculate_qparams()`` is ``lowbit_qparams`` of the buffers:
+    ``(scale, zero_point)`` for integers and fp8, ``BlockScale(scale, exponent)`` (uint8 E8M0 codes) for
+    MX and BFP16. ``ignore_nonfinite=True`` skips NaN/+-Inf (BFP16 always does).
+    """
+
+    _version = 1
+    _FAMILY: str | None = None
+
+    min_val: torch.Tensor
+    max_val: torch.Tensor
+
+    def __init__(
+        self,
+        dtype,
+        *,
+        granularity=None,
+        axis=None,
+        group_size=None,
+        block_size=None,
+        symmetric=None,
+        rounding=None,
+        eps=FLOAT32_EPS,
+        is_dynamic=False,
+        ignore_nonfinite=False,
+        factory_kwargs=None,
+        **kwargs,
+    ) -> None:
+        spec = _base.make_spec(
+            type(self).__name__, self._FAMILY, _dtype_name(dtype), granularity=granularity, axis=axis,
+            group_size=group_size, block_size=block_size, symmetric=symmetric, rounding=rounding, eps=eps,
+        )
+        ignore_nonfinite = _check_bool(ignore_nonfinite, "ignore_nonfinite")
+        is_dynamic = _check_bool(is_dynamic, "is_dynamic")
+        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
+        super().__init__(dtype=spec.dtype, is_dynamic=is_dynamic, **kwargs)
+        self.spec = spec
+        self.ignore_nonfinite = ignore_nonfinite
+        self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
+        self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
+
+    def _state(self) -> MinMaxState | None:
+        buffers = self._buffers
+        min_val, max_val = buffers["min_val"], buffers["max_val"]
+        return None if min_val.numel() == 0 else MinMaxState(min_val, max_val)
+
+    def forward(self, x_orig):
+        r"""Records the statistics of ``x`` (static: merged with the previous ones; dynamic: alone);
+        returns ``x`` itself. Errors leave the buffers untouched."""
+        buffers = self._buffers
+        min_val, max_val = buffers["min_val"], buffers["max_val"]
+        x = _checked_input(x_orig, min_val)
+        _base.check_axis(x, self.spec)
+        if x.numel() == 0:
+            return x_orig
+        state = None if self.is_dynamic else self._state()
+        new = _base.observe(state, x, spec=self.spec, ignore_nonfinite=self.ignore_nonfinite, xp=_XP)
+        if state is None:
+            buffers["min_val"], buffers["max_val"] = new.min_val, new.max_val
+        else:
+            min_val.copy_(new.min_val)
+            max_val.copy_(new.max_val)
+        return x_orig
+
+    def calculate_qparams(self):  # type: ignore[override]
+        r"""``lowbit_qparams`` of the buffers, one entry per tensor / channel / group / block. Before any
+        input: a warning and the qparams of one entry that has seen nothing (integers ``[1.], [0]``)."""
+        state = self._state()
+        if state is None:
+            warnings.warn(_base.UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
+            state = _base.unobserved_state(_XP, self.min_val.device)
+        return lowbit_qparams(state, self.spec, xp=_XP)
+
+    def fake_quantize(self, x_orig: torch.Tensor) -> torch.Tensor:
+        r"""Quantize-dequantize ``x`` with :meth:`calculate_qparams` (``lowbit_fake_quantize``; ``x`` must
+        fit the statistics' shape). Output dtype: ``x``'s floating dtype (float32 for integers)."""
+        state = self._state()
+        x = _checked_input(x_orig, self.min_val)
+        _base.check_axis(x, self.spec)
+        if state is None:
+            raise RuntimeError(f"{type(self).__name__}.fake_quantize needs observed statistics; call the observer on data first")
+        _base.check_fake_quantize_input(x, state, self.spec)
+        return lowbit_fake_quantize(x, lowbit_qparams(state, self.spec, xp=_XP), self.spec, xp=_XP)
+
+    def reset_min_max_vals(self):
+        """Empties the buffers (dtype and device kept), as before the first batch."""
+        for name in ("min_val", "max_val"):
+            buf = self._buffers[name]
+            self._buffers[name] = torch.empty(0, dtype=buf.dtype, device=buf.device)
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        lo, hi = state_dict.get(prefix + "min_val"), state_dict.get(prefix + "max_val")
+        if isinstance(lo, torch.Tensor) and isinstance(hi, torch.Tensor):
+            # everything checked before any buffer changes; then buffers of the saved shape and dtype
+            owner = type(self).__name__
+            checked = _base.check_loaded_stats(_check_entry(lo, "min_val", None), _check_entry(hi, "max_val", None), self.spec, owner)
+            shape = (0,) if checked is None else checked[0].shape
+            dtype = torch.float64 if checked is not None and checked[0].dtype == np.float64 else torch.float32
+            for name in ("min_val", "max_val"):
+                self._buffers[name] = torch.empty(shape, dtype=dtype, device=self._buffers[name].device)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def extra_repr(self):
+        shape = None if self.min_val.numel() == 0 else tuple(self.min_val.shape)
+        return _base.describe(self.spec, self.is_dynamic, self.ignore_nonfinite) + f", stats_shape={shape}"
+
+
+class PerGroupMinMaxObserver(LowBitObserver):
+    __doc__ = _base.PerGroupMinMaxObserver.__doc__
+    _FAMILY = "int"
+
+    def __init__(
+        self,
+        dtype="int4",
+        axis=-1,
+        group_size=128,
+        symmetric=False,
+        eps=FLOAT32_EPS,
+        is_dynamic=False,
+        *,
+        ignore_nonfinite=False,
+        factory_kwargs=None,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            dtype, granularity="per_group", axis=axis, group_size=group_size, symmetric=symmetric, eps=eps,
+            is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, factory_kwargs=factory_kwargs, **kwargs,
+        )
+
+
+class FP8Observer(LowBitObserver):
+    __doc__ = _base.FP8Observer.__doc__
+    _FAMILY = "fp8"
+
+    def __init__(
+        self,
+        dtype=torch.float8_e4m3fn,
+        granularity=None,
+        axis=None,
+        group_size=None,
+        eps=FLOAT32_EPS,
+        is_dynamic=False,
+        *,
+        ignore_nonfinite=False,
+        factory_kwargs=None,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            dtype, granularity=granularity, axis=axis, group_size=group_size, eps=eps, is_dynamic=is_dynamic,
+            ignore_nonfinite=ignore_nonfinite, factory_kwargs=factory_kwargs, **kwargs,
+        )
+
+
+class PerBlockMXObserver(LowBitObserver):
+    __doc__ = _base.PerBlockMXObserver.__doc__
+    _FAMILY = "mx"
+
+    def __init__(
+        self,
+        dtype="mxfp8_e4m3",
+        axis=-1,
+        block_size=32,
+        rounding="floor",
+        is_dynamic=False,
+        *,
+        ignore_nonfinite=False,
+        factory_kwargs=None,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            dtype, axis=axis, block_size=block_size, rounding=rounding, is_dynamic=is_dynamic,
+            ignore_nonfinite=ignore_nonfinite, factory_kwargs=factory_kwargs, **kwargs,
+        )
+
+
+class PerBlockBFPObserver(LowBitObserver):
+    __doc__ = _base.PerBlockBFPObserver.__doc__
+    _FAMILY = "bfp"
+
+    def __init__(self, dtype="bfp16", axis=-1, block_size=8, is_dynamic=False, *, factory_kwargs=None, **kwargs) -> None:
+        super().__init__(dtype, axis=axis, block_size=block_size, is_dynamic=is_dynamic, factory_kwargs=factory_kwargs, **kwargs)
