@@ -657,10 +657,10 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
         )
 
 
-# A ``HistogramObserver(UniformQuantizationObserverBase)`` belongs here: it reuses ``_checked_input``,
-# ``_calculate_qparams`` (with the searched range), ``_load_from_state_dict`` (plus its own version < 3
-# handling of the size-0 min/max buffers) and ``_repr_suffix``; ``default_histogram_observer`` goes with
-# the presets below.
+# ``HistogramObserver(UniformQuantizationObserverBase)`` (module ``_torch_histogram``, re-exported at the
+# end of this file) builds on the base above: ``_checked_input``, ``_calculate_qparams`` (on the searched
+# range), ``_load_from_state_dict`` (plus its own version < 3 handling of the size-0 min/max buffers) and
+# ``_repr_suffix``; ``default_histogram_observer`` goes with it.
 
 
 # -- observers without statistics ----------------------------------------------------------------
