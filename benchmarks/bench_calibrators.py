@@ -2,6 +2,7 @@
 
     python benchmarks/bench_calibrators.py                    # numpy, torch, jax: one process each
     python benchmarks/bench_calibrators.py --backend torch    # one backend, this process
+    OMP_NUM_THREADS=1 python benchmarks/bench_calibrators.py  # on a shared, loaded machine
 
 Per backend, in one process: ModelOpt's ``_compute_amax_entropy`` / ``_compute_amax_mse`` /
 ``_compute_amax_percentile`` and ours (``kl_threshold`` / ``mse_threshold`` / ``percentile_range``) on
@@ -39,8 +40,9 @@ def machine() -> str:
     except (OSError, StopIteration):
         pass
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"machine: {cpu}, {os.cpu_count()} logical cores, load {load:.1f}, {platform.system()} "
-            f"{platform.release()}, Python {platform.python_version()}")
+    threads = os.environ.get("OMP_NUM_THREADS", "unset")
+    return (f"machine: {cpu}, {os.cpu_count()} logical cores, load average {load:.1f}, "
+            f"OMP_NUM_THREADS={threads}, {platform.system()} {platform.release()}, Python {platform.python_version()}")
 
 
 def versions() -> str:

@@ -168,9 +168,19 @@ def _index_array(table: np.ndarray, xp: Any, device: Any) -> Array:
     return xp.asarray(np.ascontiguousarray(table, dtype=np_dtype), device=device)
 
 
+def _take(table: Array, index: Array, axis: int, xp: Any) -> Array:
+    """``xp.take`` for non-negative 1-D ``index`` (torch: ``index_select`` itself, without the
+    compat layer's pass for negative indices)."""
+    if is_torch_namespace(xp):
+        import torch
+
+        return torch.index_select(table, axis % table.ndim, index)
+    return xp.take(table, index, axis=axis)
+
+
 def _take_shared(table: Array, index: Array, xp: Any) -> Array:
     """``table[c, index]`` for every channel: ``table`` (C, N), ``index`` any shape -> (C, *index.shape)."""
-    out = xp.take(table, xp.reshape(index, (-1,)), axis=-1)
+    out = _take(table, xp.reshape(index, (-1,)), -1, xp)
     return xp.reshape(out, (table.shape[0],) + tuple(index.shape))
 
 
@@ -178,10 +188,10 @@ def _take_each(table: Array, index: Array, xp: Any) -> Array:
     """``table[c, index[c, ...]]``: ``table`` (C, N), ``index`` (C, ...) -> (C, ...)."""
     channels, n = table.shape
     if channels == 1:
-        return xp.reshape(xp.take(table[0, :], xp.reshape(index, (-1,))), tuple(index.shape))
+        return xp.reshape(_take(table[0, :], xp.reshape(index, (-1,)), 0, xp), tuple(index.shape))
     offsets = xp.arange(channels, dtype=index.dtype, device=_device(table)) * n
     flat = index + xp.reshape(offsets, (channels,) + (1,) * (index.ndim - 1))
-    out = xp.take(xp.reshape(table, (-1,)), xp.reshape(flat, (-1,)))
+    out = _take(xp.reshape(table, (-1,)), xp.reshape(flat, (-1,)), 0, xp)
     return xp.reshape(out, tuple(index.shape))
 
 
@@ -246,12 +256,15 @@ def _levels(num_bits: int, unsigned: bool, num_levels: int | None) -> int:
 def _kl_tables(bins: int, start: int, stride: int, levels: int) -> tuple[np.ndarray, ...]:
     """Static tables of the candidates ``i = start, start + stride, ..., <= bins`` (bins kept):
     ``i``, group boundaries ``ceil(g * i / levels)`` (K, levels + 1), and, flattened over
-    (K, levels), the position of the group of the last kept bin ``floor((i - 1) * levels / i)``."""
+    (K, levels), each group's first and end bins and the position of the last kept bin's group
+    ``floor((i - 1) * levels / i)``."""
     i = np.arange(start, bins + 1, stride, dtype=np.int64)
     g = np.arange(levels + 1, dtype=np.int64)
     bounds = (g[None, :] * i[:, None] + levels - 1) // levels
     last_group = np.arange(i.size, dtype=np.int64) * levels + ((i - 1) * levels) // i
-    return i, bounds, last_group
+    first = np.ascontiguousarray(bounds[:, :-1]).reshape(-1)
+    end = np.ascontiguousarray(bounds[:, 1:]).reshape(-1)
+    return i, bounds, last_group, first, end
 
 
 @functools.lru_cache(maxsize=8)
@@ -264,11 +277,11 @@ def _kl_dense_tables(bins: int, start: int, stride: int, levels: int) -> np.ndar
     return np.arange(i.shape[0], dtype=np.int64)[:, None] * (levels + 1) + group
 
 
-def _kl_groups(cs: Array, nz: Array, bounds: Array, xp: Any) -> tuple[Array, Array]:
-    """Count ``G`` and non-empty bins ``n`` of every group of every candidate, (C, K, levels)."""
-    lo, hi = bounds[:, :-1], bounds[:, 1:]
-    g_count = _take_shared(cs, hi, xp) - _take_shared(cs, lo, xp)
-    g_nonzero = _take_shared(nz, hi, xp) - _take_shared(nz, lo, xp)
+def _kl_groups(cs: Array, nz: Array, first: Array, end: Array, xp: Any) -> tuple[Array, Array]:
+    """Count ``G`` and non-empty bins ``n`` of every group of every candidate, (C, K * levels), from
+    the prefix sums ``cs``/``nz`` (C, B + 1) and the groups' flattened bin ranges ``[first, end)``."""
+    g_count = _take_shared(cs, end, xp) - _take_shared(cs, first, xp)
+    g_nonzero = _take_shared(nz, end, xp) - _take_shared(nz, first, xp)
     return g_count, g_nonzero
 
 
@@ -282,24 +295,25 @@ def _kl_strict(b: Array, tables: tuple, xp: Any, device: Any) -> Array:
     - [b_l > 0] t_i log(G_g(l) / n_g(l))) / T - log T + log C_i``.
     ``+inf`` where ``P > 0 = Q`` (the tail lands on an empty last bin), ``C_i = 0`` or ``T = 0``.
     """
-    cand_np, bounds_np, last_group_np = tables
+    cand_np, bounds_np, last_group_np, first_np, end_np = tables
     levels = bounds_np.shape[1] - 1
-    bounds = _index_array(bounds_np, xp, device)
+    count = cand_np.size
+    first, end = _index_array(first_np, xp, device), _index_array(end_np, xp, device)
     last_group = _index_array(last_group_np, xp, device)
+    tiny = float(np.finfo(np.float64 if b.dtype == xp.float64 else np.float32).tiny)
 
     cs = _cumsum0(b, xp)
     nz = _cumsum0(xp.astype(b > 0, b.dtype), xp)
 
     def group_terms(cs_c: Array, nz_c: Array) -> Array:
-        g_count, g_nonzero = _kl_groups(cs_c, nz_c, bounds, xp)
-        filled = g_count > 0
-        log_q = xp.log(xp.where(filled, g_count, 1.0) / xp.where(filled, g_nonzero, 1.0))
-        sum_glog = xp.sum(xp.where(filled, g_count * log_q, 0.0), axis=-1)
-        flat = xp.reshape(log_q, (log_q.shape[0], -1))
-        last_log_q = _take_shared(flat, last_group, xp)
+        g_count, g_nonzero = _kl_groups(cs_c, nz_c, first, end, xp)
+        # log(G / n) where G > 0 (then n >= 1); an empty group's term G log(...) is 0 * finite.
+        log_q = xp.log(xp.maximum(g_count, tiny)) - xp.log(xp.maximum(g_nonzero, 1.0))
+        sum_glog = xp.sum(xp.reshape(g_count * log_q, (-1, count, levels)), axis=-1)
+        last_log_q = _take_shared(log_q, last_group, xp)
         return xp.stack([sum_glog, last_log_q], axis=-1)
 
-    terms = _by_channel_chunks(group_terms, bounds_np.shape[0] * levels, xp, cs, nz)
+    terms = _by_channel_chunks(group_terms, count * levels, xp, cs, nz)
     sum_glog, last_log_q = terms[..., 0], terms[..., 1]
 
     cand = _index_array(cand_np, xp, device)
@@ -331,9 +345,10 @@ def _smoothed(x: Array, inside: Array, count: Array, eps: float, xp: Any) -> tup
 def _kl_smoothed(b: Array, key: tuple, smoothing: float, xp: Any, device: Any) -> Array:
     """KL(P~ || Q~) of every candidate with P and Q smoothed (:func:`_smoothed`), then normalised.
     Dense over (candidate, bin): O(bins) work and memory per candidate."""
-    cand_np, bounds_np, _ = _kl_tables(*key)
+    cand_np, bounds_np, _, first_np, end_np = _kl_tables(*key)
     bins = b.shape[-1]
-    bounds = _index_array(bounds_np, xp, device)
+    levels = bounds_np.shape[1] - 1
+    first, end = _index_array(first_np, xp, device), _index_array(end_np, xp, device)
     position = _index_array(_kl_dense_tables(*key), xp, device)
     j = xp.arange(bins, device=device)
     cand = _index_array(cand_np, xp, device)
@@ -346,8 +361,8 @@ def _kl_smoothed(b: Array, key: tuple, smoothing: float, xp: Any, device: Any) -
     total = cs[:, -1:]
 
     def per_chunk(b_c: Array, cs_c: Array, nz_c: Array) -> Array:
-        g_count, g_nonzero = _kl_groups(cs_c, nz_c, bounds, xp)
-        q_group = xp.where(g_count > 0, g_count / xp.where(g_nonzero > 0, g_nonzero, 1.0), 0.0)
+        g_count, g_nonzero = _kl_groups(cs_c, nz_c, first, end, xp)
+        q_group = xp.reshape(g_count / xp.maximum(g_nonzero, 1.0), (-1, cand_np.size, levels))
         q_group = xp.concat([q_group, xp.zeros_like(q_group[..., :1])], axis=-1)
         q = _take_shared(xp.reshape(q_group, (q_group.shape[0], -1)), position, xp)
         q = xp.where(b_c[:, None, :] > 0, q, 0.0)
@@ -587,7 +602,7 @@ def _mse_search(hist, edges, *, spec, start_bin, stride, xp) -> tuple[_Hist, Sea
             lambda c, e, s, z, n: _squared_error(c, e, s, z, (low, high), n, xp),
             cand_np.size * bins * 4, xp, h.counts, centers, scale, zero_point, norm,
         )
-        noise = xp.zeros_like(err)
+        noise = None  # by bin every term is computed directly: no cancellation to allow for
     total = xp.sum(h.counts, axis=-1, keepdims=True)
     objective = err * (norm[:, None] ** 2) / xp.where(total > 0, total, 1.0)
     out_centers = (h.out_edges[:, 1:] + h.out_edges[:, :-1]) / 2
@@ -640,7 +655,7 @@ def mse_threshold(
     h, curve, err, noise = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, xp=xp)
     xp = array_namespace(hist, edges, xp=xp)
     tol = _default_tie_tol(xp, h.dtype) if tie_tol is None else tie_tol
-    slack = 2 * xp.max(noise, axis=-1, keepdims=True)
+    slack = 0.0 if noise is None else 2 * xp.max(noise, axis=-1, keepdims=True)
     best = _pick(err, lambda m: tol * m + slack, ties, xp)
     return _shaped(_select(curve.threshold, best, xp), h, xp)
 
