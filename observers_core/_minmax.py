@@ -14,6 +14,7 @@ from ._namespace import (
     array_namespace,
     check_real,
     device_of,
+    discarded_invalid,
     is_jax_namespace,
     is_torch_namespace,
     normalize_axis,
@@ -156,12 +157,12 @@ def moving_average_update(
     if size(x) == 0:
         return state
     lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp)
-    fresh = (state.min_val == INF) & (state.max_val == -INF)
+    fresh = (state.min_val == INF) & (state.max_val == -INF)  # never updated (min > max can also come
+    # from the average's own cancellation, and torch keeps averaging those)
     c = float(averaging_constant)
-    old_min = xp.where(fresh, lo, state.min_val)
-    old_max = xp.where(fresh, hi, state.max_val)
-    new_min = xp.where(fresh, lo, old_min + rounded(c * (lo - old_min), xp))
-    new_max = xp.where(fresh, hi, old_max + rounded(c * (hi - old_max), xp))
+    with discarded_invalid(xp):  # fresh entries compute inf - inf, replaced by the batch range
+        new_min = xp.where(fresh, lo, state.min_val + rounded(c * (lo - state.min_val), xp))
+        new_max = xp.where(fresh, hi, state.max_val + rounded(c * (hi - state.max_val), xp))
     if ignore_nonfinite:
         seen = lo <= hi
         new_min = xp.where(seen, new_min, state.min_val)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "index_dtype",
     "normalize_axis",
     "check_real",
+    "discarded_invalid",
     "divide_by_constant",
     "rounded",
     "is_torch_namespace",
@@ -92,3 +94,13 @@ def rounded(product: Array, xp: Any) -> Array:
         return product
     nan = xp.asarray(float("nan"), dtype=product.dtype, device=device_of(product))
     return xp.where(xp.isnan(product), nan, product)
+
+
+def discarded_invalid(xp: Any) -> Any:
+    """A context in which NumPy stays quiet about invalid operations whose results are discarded
+    (``inf - inf`` in an entry a ``where`` replaces); a no-op for every other backend."""
+    if is_numpy_namespace(xp):
+        import numpy as np
+
+        return np.errstate(invalid="ignore")
+    return contextlib.nullcontext()
