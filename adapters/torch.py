@@ -119,7 +119,6 @@ _XP = _make_namespace()
 
 _FLOAT32_EPS = torch.finfo(torch.float32).eps
 _INF = float("inf")
-_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     "qint8": torch.qint8,
@@ -244,13 +243,6 @@ class UniformQuantizationObserverBase(ObserverBase):
             quant_max=quant_max,
             eps=eps,
         )
-        affine = spec.qscheme in (QScheme.PER_TENSOR_AFFINE, QScheme.PER_CHANNEL_AFFINE)
-        if affine and not _INT32_MIN <= spec.quant_min <= spec.quant_max <= _INT32_MAX:
-            # torch accepts such a range for e.g. quint8 and then fails in calculate_qparams
-            raise ValueError(
-                f"quant_min={quant_min}, quant_max={quant_max} give the range [{spec.quant_min}, {spec.quant_max}]; "
-                f"affine zero points are int32, so it must lie within [{_INT32_MIN}, {_INT32_MAX}]"
-            )
         ignore_nonfinite = _check_bool(ignore_nonfinite, "ignore_nonfinite")
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
         super().__init__(dtype=_TORCH_DTYPES[spec.dtype], is_dynamic=is_dynamic, **kwargs)

@@ -206,4 +206,10 @@ def quant_spec(
     if has_customized_qrange:
         validate_qmin_qmax(quant_min, quant_max)
     qmin, qmax = calculate_qmin_qmax(quant_min, quant_max, has_customized_qrange, dtype, bool(reduce_range))
+    if qscheme in (QScheme.PER_TENSOR_AFFINE, QScheme.PER_CHANNEL_AFFINE) and not -(2**31) <= qmin <= qmax < 2**31:
+        # torch accepts such a range (e.g. for quint8) and then computes a wrapped-around zero point
+        raise ValueError(
+            f"quant_min={quant_min}, quant_max={quant_max} give the range [{qmin}, {qmax}]; affine zero points "
+            f"are int32, so it must lie within [{-(2**31)}, {2**31 - 1}]"
+        )
     return QuantSpec(dtype, qscheme, qmin, qmax, has_customized_qrange, eps)

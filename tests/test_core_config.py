@@ -31,9 +31,22 @@ def test_ranges_match_torch(dtype):
             with pytest.raises(ValueError):
                 oc.quant_spec(dtype, reduce_range=reduce_range, quant_min=qmin, quant_max=qmax)
             continue
+        if not -(2**31) <= expected[0] <= expected[1] < 2**31:  # deliberate: see the next test
+            with pytest.raises(ValueError, match="affine zero points are int32"):
+                oc.quant_spec(dtype, reduce_range=reduce_range, quant_min=qmin, quant_max=qmax)
+            continue
         spec = oc.quant_spec(dtype, reduce_range=reduce_range, quant_min=qmin, quant_max=qmax)
         assert (spec.quant_min, spec.quant_max) == expected, (dtype, rng, reduce_range)
         assert spec.has_customized_qrange is custom
+
+
+def test_affine_range_beyond_int32_is_rejected():
+    """torch accepts it and returns a wrapped-around int32 zero point; we refuse it up front."""
+    with pytest.raises(ValueError, match="affine zero points are int32"):
+        oc.quant_spec("quint8", quant_min=-(2**31), quant_max=2**31)
+    with pytest.raises(ValueError, match="affine zero points are int32"):
+        oc.quant_spec("int32", quant_min=0, quant_max=2**32 - 1)
+    assert oc.quant_spec("int32", "per_tensor_symmetric", quant_min=0, quant_max=2**32 - 1).quant_max == 2**32 - 1
 
 
 def test_only_one_bound_given_is_ignored_as_in_torch():
