@@ -2,11 +2,12 @@
 
 Everything but JAX specifics lives in :mod:`observers_core.adapters._array_lowbit`. Here the update,
 the qparams and the fake quantization are jitted with the hashable :class:`~observers_core.LowBitSpec`
-as a static argument: an observer traces its update once for the first batch (no state yet; the
-dynamic mode's only trace) and once for the merging update, per input shape and dtype; the compiled
-functions are shared by all observers with the same configuration. ``obs(x)`` never syncs with the
-host. ``obs.update(state, x)`` / ``obs.qparams(state)`` are the pure functions for a user's ``jit`` or
-``lax.scan`` (``obs.state`` is a pytree; ``obs.state = new_state`` stores one back).
+as a static argument: the update is traced once per input shape and dtype (the first batch and the
+dynamic mode merge into an empty state, so they share it), the qparams and the fake quantization once
+per shape; the compiled functions are shared by all observers with the same configuration.
+``obs(x)`` never syncs with the host. ``obs.update(state, x)`` / ``obs.qparams(state)`` are the pure
+functions for a user's ``jit`` or ``lax.scan`` (``obs.state`` is a pytree; ``obs.state = new_state``
+stores one back).
 
 Example::
 
@@ -28,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from observers_core._lowbit import lowbit_fake_quantize, lowbit_qparams
+from observers_core._minmax import MinMaxState
 
 from . import _array_lowbit as _base
 from .jax import _JaxMixin
@@ -65,8 +67,20 @@ def _jit_fake_quantize(x, qparams, *, spec):
     return _fake_quantize_body(x, qparams, spec)
 
 
+@functools.lru_cache(maxsize=256)
+def _stats_struct(spec, ignore_nonfinite: bool, shape: tuple[int, ...], dtype: Any):
+    """Shape and dtype of an input's statistics (an abstract trace, never compiled; cached)."""
+    observe = functools.partial(_base.observe, None, spec=spec, ignore_nonfinite=ignore_nonfinite, xp=jnp)
+    return jax.eval_shape(observe, jax.ShapeDtypeStruct(shape, dtype)).min_val
+
+
 class _JaxLowBitMixin(_JaxMixin):
     def _compute_update(self, state, x: Array):
+        if state is None:
+            # merging into the identity (+inf/-inf) gives the batch's own statistics: the first batch
+            # and the dynamic mode reuse the one compiled update
+            struct = _stats_struct(self._spec, self.ignore_nonfinite, tuple(x.shape), x.dtype)
+            state = MinMaxState(jnp.full(struct.shape, jnp.inf, struct.dtype), jnp.full(struct.shape, -jnp.inf, struct.dtype))
         return _jit_update(state, x, spec=self._spec, ignore_nonfinite=self.ignore_nonfinite)
 
     def _compute_qparams(self, state):
