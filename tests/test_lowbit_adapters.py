@@ -580,6 +580,26 @@ def test_dynamic_mode_takes_any_shape(be):
     assert (to_numpy(exponent) == 127 + 1 - 8).all()  # floor(log2(3)) - emax(e4m3) = 1 - 8
 
 
+def test_state_never_aliases_the_input(be):
+    """Per channel over 1-d inputs the statistics are the input itself: the state holds a copy, so the
+    next batch (merged in place by torch) and later changes to the input touch neither the other."""
+    if be.name == "array_api_strict":
+        pytest.skip("array_api_strict arrays cannot be modified in place")
+    first = np.array([1.0, -2.0, 3.0], np.float32)
+    x = be.asarray(first.copy())
+    obs = make(be, "FP8Observer", axis=0)
+    obs(x)
+    obs(be.asarray(np.array([5.0, -1.0, -7.0], np.float32)))
+    np.testing.assert_array_equal(to_numpy(x), first)
+    np.testing.assert_array_equal(to_numpy(obs.state_dict()["min_val"]), [1.0, -2.0, -7.0])
+    np.testing.assert_array_equal(to_numpy(obs.state_dict()["max_val"]), [5.0, -1.0, 3.0])
+    if be.name in ("numpy", "torch", "cupy"):
+        dyn = make(be, "FP8Observer", axis=0, is_dynamic=True)
+        dyn(x)
+        x[0] = 100.0
+        assert to_numpy(dyn.state_dict()["max_val"])[0] == 1.0
+
+
 def test_fake_quantize_checks_the_channel_count(be):
     obs = make(be, "FP8Observer", axis=0)
     obs(be.asarray(np.ones((8, 4), np.float32)))
@@ -698,6 +718,23 @@ def test_torch_observer_module_behaviour():
     x = torch.ones(2, 32, requires_grad=True)
     assert tobs.PerBlockMXObserver()(x) is x
     assert "PerBlockMXObserver(dtype='mxfp8_e4m3'" in repr(tobs.PerBlockMXObserver())
+
+
+def test_torch_cuda_buffers_and_qparams_match_cpu():
+    """``.to("cuda")`` moves the buffers; updates, qparams and fake quantization stay on the GPU and
+    equal the CPU observer's."""
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device here")
+    torch_be = _make_backend("torch")
+    batches = batches_of(20, n=2)
+    for family in STANDARD:
+        cpu = observe_all(standard(torch_be, family), batches, to_torch)
+        gpu = observe_all(standard(torch_be, family).to("cuda"), batches, lambda a: to_torch(a).cuda())
+        assert gpu.min_val.is_cuda
+        for a, b in zip(gpu.calculate_qparams(), cpu.calculate_qparams()):
+            assert a.is_cuda and same(a.cpu().numpy(), b.numpy())
+        y = gpu.fake_quantize(to_torch(batches[0]).cuda())
+        assert y.is_cuda and same(y.cpu().numpy(), cpu.fake_quantize(to_torch(batches[0])).numpy())
 
 
 # ------------------------------------------------------------------------------------ JAX only
