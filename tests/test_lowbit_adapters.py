@@ -126,9 +126,9 @@ def batches_of(seed: int, shape=(8, 64), n: int = 3) -> list[np.ndarray]:
     return out
 
 
-def core_expected(spec, batches, dynamic: bool, ignore_nonfinite: bool = False):
+def core_expected(spec, batches, dynamic: bool):
     """The core functions on numpy: (state, qparams, fake quantization of the last batch)."""
-    stats = [oc.lowbit_stats(b, spec, ignore_nonfinite=ignore_nonfinite) for b in batches]
+    stats = [oc.lowbit_stats(b, spec) for b in batches]
     state = stats[-1] if dynamic else functools.reduce(oc.minmax_merge, stats)
     qp = oc.lowbit_qparams(state, spec)
     return state, qp, oc.lowbit_fake_quantize(batches[-1], qp, spec)
