@@ -28,7 +28,6 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-import array_api_compat
 import numpy as np
 
 from observers_core._dtypes import FLOAT32_EPS
