@@ -1,6 +1,6 @@
 """Histogram calibration searches: observers_core vs NVIDIA ModelOpt, same histogram, same process.
 
-    python benchmarks/bench_calibrators.py                    # numpy, torch, jax: one process each
+    python benchmarks/bench_calibrators.py                    # numpy, torch, jax, jax-x64: a process each
     python benchmarks/bench_calibrators.py --backend torch    # one backend, this process
     OMP_NUM_THREADS=1 python benchmarks/bench_calibrators.py  # on a shared, loaded machine
 
@@ -116,8 +116,10 @@ def run_backend(name: str) -> None:
 
         put, sync = torch.as_tensor, (lambda r: r)
         wrap = lambda f: f  # noqa: E731
-    elif name == "jax":
+    elif name in ("jax", "jax-x64"):
         import jax
+
+        jax.config.update("jax_enable_x64", name == "jax-x64")
         import jax.numpy as xp
 
         put = jax.numpy.asarray
@@ -125,7 +127,7 @@ def run_backend(name: str) -> None:
         wrap = jax.jit
     else:
         raise SystemExit(f"unknown backend {name}")
-    with_x64 = name != "jax"
+    with_x64 = name != "jax"  # JAX computes in float32 unless x64 is enabled
 
     kl = wrap(lambda a, b: oc.kl_threshold(a, b, xp=xp))
     mse = wrap(lambda a, b: oc.mse_threshold(a, b, spec=spec, start_bin=128, xp=xp))
@@ -133,7 +135,7 @@ def run_backend(name: str) -> None:
     H, E, HC, EC = put(h), put(e), put(hc), put(ec)
 
     print(f"\n[{name}] ours runs in {'float64' if with_x64 else 'float32 (JAX without x64)'}"
-          f"{', under jax.jit' if name == 'jax' else ''}")
+          f"{', under jax.jit' if name.startswith('jax') else ''}")
     print(f"  {'search':<28}{'ModelOpt':>12}{'ours':>12}{'ratio':>10}  same threshold")
 
     def row(label, t_mo, t_us, same, estimate=False):
@@ -166,7 +168,7 @@ def run_backend(name: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backend", choices=["numpy", "torch", "jax"])
+    parser.add_argument("--backend", choices=["numpy", "torch", "jax", "jax-x64"])
     args = parser.parse_args()
     if args.backend:
         run_backend(args.backend)
@@ -174,7 +176,7 @@ def main() -> None:
     print(machine())
     print(versions())
     print(f"histogram: {BINS} bins of |x|, {SAMPLES:,} samples; per channel: {CHANNELS} x {BINS} bins")
-    for name in ("numpy", "torch", "jax"):
+    for name in ("numpy", "torch", "jax", "jax-x64"):
         sys.stdout.flush()
         subprocess.run([sys.executable, __file__, "--backend", name], check=True)
 

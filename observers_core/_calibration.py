@@ -8,7 +8,8 @@ the searches run under ``jax.jit`` and on GPUs. Arithmetic is float64 where the 
 (numpy, torch, cupy, array_api_strict, JAX with x64) and float32 otherwise (JAX by default), where
 near-ties may resolve differently. Thresholds come back in the dtype of ``edges``.
 
-Counts must be finite and >= 0 (the searches cannot check data under ``jit``).
+Counts must be >= 0 (the searches cannot check data under ``jit``); a NaN or Inf count makes that
+channel's threshold NaN.
 
 The histogram state (:class:`CalibHistogram`) counts values on a power-of-two grid, bin width
 ``w = 2**e`` and first edge ``lo = n * w``: a value's bin ``floor(x / w) - n`` is exact, a growing
@@ -21,7 +22,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 from array_api_compat import device as _device
@@ -140,7 +141,7 @@ class _Hist(NamedTuple):
 
 
 def _prepare(hist: Array, edges: Array, xp: Any) -> _Hist:
-    """Validate a histogram; counts as ``(C, B)`` and edges as ``(C, B + 1)`` in the work dtype."""
+    """Validate a histogram: counts as ``(C, B)`` in the work dtype, edges as a ``(C, B + 1)`` view."""
     check_real(hist, xp, name="hist")
     check_real(edges, xp, name="edges")
     if hist.ndim < 1 or hist.shape[-1] < 1:
@@ -206,9 +207,9 @@ def _by_channel_chunks(fn: Any, per_channel: int, xp: Any, *arrays: Array) -> Ar
     return xp.concat(parts, axis=0)
 
 
-def _pick(objective: Array, slack: Array, ties: str, xp: Any) -> Array:
-    """Index (C,) of the best candidate of ``objective`` (C, K): every candidate within ``slack`` of
-    the minimum ties with it; ``ties="last"`` takes the largest index among them, ``"first"`` the
+def _pick(objective: Array, slack: Callable[[Array], Any], ties: str, xp: Any) -> Array:
+    """Index (C,) of the best candidate of ``objective`` (C, K): every candidate within
+    ``slack(minimum)`` of the minimum ties with it; ``ties="last"`` takes the largest index among them, ``"first"`` the
     smallest. All ``+inf``: every candidate ties."""
     best = xp.min(objective, axis=-1, keepdims=True)
     near = xp.astype(objective <= best + slack(best), xp.int8)
@@ -237,6 +238,13 @@ def _cumsum0(x: Array, xp: Any) -> Array:
 def _shaped(values: Array, h: _Hist, xp: Any) -> Array:
     """(C, ...) results back to the histogram's leading shape."""
     return xp.reshape(values, h.lead + tuple(values.shape[1:]))
+
+
+def _result(threshold: Array, h: _Hist, xp: Any) -> Array:
+    """A per-channel threshold (C,) in the histogram's leading shape; NaN where the counts are not
+    all finite (a NaN or Inf count poisons the search, as NaN data poisons a min/max observer)."""
+    broken = ~xp.isfinite(xp.sum(h.counts, axis=-1))
+    return _shaped(xp.where(broken, xp.full_like(threshold, float("nan")), threshold), h, xp)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -487,7 +495,7 @@ def kl_threshold(
     xp = array_namespace(hist, edges, xp=xp)
     tol = _default_tie_tol(xp, h.dtype) if tie_tol is None else tie_tol
     best = _pick(curve.objective, lambda _: tol, ties, xp)
-    return _shaped(_select(curve.threshold, best, xp), h, xp)
+    return _result(_select(curve.threshold, best, xp), h, xp)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -657,7 +665,7 @@ def mse_threshold(
     tol = _default_tie_tol(xp, h.dtype) if tie_tol is None else tie_tol
     slack = 0.0 if noise is None else 2 * xp.max(noise, axis=-1, keepdims=True)
     best = _pick(err, lambda m: tol * m + slack, ties, xp)
-    return _shaped(_select(curve.threshold, best, xp), h, xp)
+    return _result(_select(curve.threshold, best, xp), h, xp)
 
 
 def histogram_quantization_error(
@@ -690,7 +698,8 @@ def histogram_quantization_error(
     norm = xp.where((norm > 0) & (norm < INF), norm, 1.0)
     err = _squared_error(h.counts, centers, scale, zero_point, (quant_min, quant_max), norm, xp)[:, 0]
     total = xp.sum(h.counts, axis=-1)
-    return _shaped(xp.where(total > 0, err * norm**2 / xp.where(total > 0, total, 1.0), 0.0), h, xp)
+    empty = total == 0
+    return _shaped(xp.where(empty, 0.0, err * norm**2 / xp.where(empty, 1.0, total)), h, xp)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -733,11 +742,11 @@ def percentile_range(
     # The first bin whose cumulative count reaches the target (one exists: keep <= 1).
     hi = _select(h.out_edges, xp.argmax(xp.astype(cum >= target, xp.int8), axis=-1), xp)
     if symmetric:
-        return _shaped(xp.zeros_like(hi), h, xp), _shaped(hi, h, xp)
+        return _result(xp.zeros_like(hi), h, xp), _result(hi, h, xp)
     from_top = xp.cumulative_sum(xp.flip(h.counts, axis=-1), axis=-1)
     lo_index = bins - xp.argmax(xp.astype(from_top >= target, xp.int8), axis=-1)
     lo = _select(h.out_edges, lo_index, xp)
-    return _shaped(lo, h, xp), _shaped(hi, h, xp)
+    return _result(lo, h, xp), _result(hi, h, xp)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -397,11 +397,26 @@ def test_empty_histogram():
     assert float(oc.kl_threshold(h, e)) == 4.0  # every candidate ties: the last
     assert float(oc.kl_threshold(h, e, ties="first")) == e[128]
     assert float(oc.mse_threshold(h, e, spec=NARROW_INT8)) == (e[128] + e[129]) / 2  # all errors 0: the first
+    assert float(oc.mse_threshold(h, e, spec=NARROW_INT8, ties="last")) == (e[255] + e[256]) / 2
     assert np.all(to_numpy(oc.mse_errors(h, e, spec=NARROW_INT8).objective) == 0)
     assert oc.percentile_range(h, e)[1] == 0.0
     lo, hi = oc.percentile_range(h, e, symmetric=False)
     assert (float(lo), float(hi)) == (4.0, 0.0)  # inverted: calculate_qparams falls back to scale 1
     assert float(oc.calculate_qparams(np.float32(lo), np.float32(hi), oc.quant_spec())[0][0]) == 1.0
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nonfinite_counts_give_nan(bad):
+    h, e = np.ones((3, 256)), np.linspace(0.0, 1.0, 257)
+    h[1, 7] = bad
+    with np.errstate(invalid="ignore"):  # numpy's own warnings for inf - inf
+        results = (oc.kl_threshold(h, e), oc.kl_threshold(h, e, smoothing=1e-4),
+                   oc.mse_threshold(h, e, spec=NARROW_INT8), *oc.percentile_range(h, e, symmetric=False))
+        err = oc.histogram_quantization_error(h, e, 0.01, 0, quant_min=0, quant_max=255)
+    for got in results:
+        got = to_numpy(got)
+        assert np.isnan(got[1]) and np.all(np.isfinite(got[[0, 2]]))
+    assert np.isnan(err[1]) and np.all(np.isfinite(err[[0, 2]]))
 
 
 def test_zero_range_histogram():
@@ -473,7 +488,8 @@ def test_huge_and_tiny_ranges():
         assert float(oc.percentile_range(h, e, percentile=99.0)[1]) == e[k_pct]
         if scale >= 1e-3:
             assert float(oc.mse_threshold(h, e, spec=NARROW_INT8)) == (e[k_mse] + e[k_mse + 1]) / 2
-            objective = to_numpy(oc.mse_errors(h, e, spec=NARROW_INT8).objective)
+            with np.errstate(over="ignore"):
+                objective = to_numpy(oc.mse_errors(h, e, spec=NARROW_INT8).objective)
             assert np.all(np.isfinite(objective)) == (scale < 1e150)  # squared data units overflow at 1e300
 
 
