@@ -59,33 +59,45 @@ def aminmax(
     """
     xp = array_namespace(x, xp=xp)
     check_real(x, xp)
-    if axis is not None:
-        axis = normalize_axis(axis, x.ndim)
-    if ignore_nonfinite and xp.isdtype(x.dtype, "real floating"):
+    if axis is None:
+        return reduce_aminmax(x, None, ignore_nonfinite=ignore_nonfinite, xp=xp)
+    axis = normalize_axis(axis, x.ndim)
+    if is_torch_namespace(xp) and not ignore_nonfinite:
+        return _torch_aminmax(x, axis)
+    others = tuple(i for i in range(x.ndim) if i != axis)
+    return reduce_aminmax(x, others, ignore_nonfinite=ignore_nonfinite, xp=xp)
+
+
+def reduce_aminmax(
+    x: Array, axes: tuple[int, ...] | None, /, *, ignore_nonfinite: bool, xp: Any
+) -> tuple[Array, Array]:
+    """``(min, max)`` of ``x`` over ``axes`` (all when None): the one reduction every statistic uses.
+
+    ``ignore_nonfinite`` skips NaN/+-Inf; otherwise NaN propagates on every backend (XLA:CPU's own
+    min/max reductions drop NaN past 4096 elements, so on JAX it is put back explicitly).
+    """
+    masked = ignore_nonfinite and xp.isdtype(x.dtype, "real floating")
+    if is_torch_namespace(xp) and not masked and (axes is None or len(axes) == 1) and size(x) > 0:
+        import torch  # only reached when x is a torch tensor: one pass instead of two
+
+        return tuple(torch.aminmax(x) if axes is None else torch.aminmax(x, dim=axes[0]))
+    x_lo = x_hi = x
+    if masked:
         finite = xp.isfinite(x)
         x_lo = xp.where(finite, x, xp.asarray(INF, dtype=x.dtype, device=device_of(x)))
         x_hi = xp.where(finite, x, xp.asarray(-INF, dtype=x.dtype, device=device_of(x)))
-    else:
-        x_lo = x_hi = x
-    if is_torch_namespace(xp) and x_lo is x_hi:
-        return _torch_aminmax(x, axis)
-    others = None if axis is None else tuple(i for i in range(x.ndim) if i != axis)
-    lo, hi = xp.min(x_lo, axis=others), xp.max(x_hi, axis=others)
-    if is_jax_namespace(xp) and not ignore_nonfinite and xp.isdtype(x.dtype, "real floating"):
-        # XLA:CPU's min/max reductions drop NaN over >= 4096 elements (jax 0.10: the min of 4096 ones
-        # and a NaN is +inf); restore the NaN propagation every other backend has.
-        nan_seen = xp.any(xp.isnan(x), axis=others)
+    lo, hi = xp.min(x_lo, axis=axes), xp.max(x_hi, axis=axes)
+    if is_jax_namespace(xp) and not masked and xp.isdtype(x.dtype, "real floating"):
+        nan_seen = xp.any(xp.isnan(x), axis=axes)
         nan = xp.asarray(float("nan"), dtype=x.dtype, device=device_of(x))
         lo, hi = xp.where(nan_seen, nan, lo), xp.where(nan_seen, nan, hi)
     return lo, hi
 
 
 def _torch_aminmax(x: Array, axis: int | None) -> tuple[Array, Array]:
-    """One-pass ``torch.aminmax``; per channel on a ``(C, -1)`` view, as torch.ao does."""
+    """Per channel with one ``torch.aminmax`` pass over a ``(C, -1)`` view, as torch.ao does."""
     import torch  # only reached when x is a torch tensor
 
-    if axis is None:
-        return torch.aminmax(x)
     if x.ndim == 1:
         return x, x
     y = torch.movedim(x, axis, 0).reshape(x.shape[axis], -1)

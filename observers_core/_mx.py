@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._minmax import reduce_aminmax
 from ._namespace import (
     array_namespace,
     check_real,
@@ -193,16 +194,7 @@ def blocked_aminmax(
     if not xp.isdtype(x.dtype, "real floating"):
         x = xp.astype(x, xp.float32)
     xb = to_blocks(x, axis, block_size, xp, pad=pad)
-    if is_torch_namespace(xp) and not ignore_nonfinite and xb.shape[axis + 1] > 0:
-        import torch  # only reached for torch tensors: one pass instead of two
-
-        return tuple(torch.aminmax(xb, dim=axis + 1))
-    lo = hi = xb
-    if ignore_nonfinite:
-        finite = xp.isfinite(xb)
-        lo = xp.where(finite, xb, xp.asarray(math.inf, dtype=xb.dtype, device=device_of(xb)))
-        hi = xp.where(finite, xb, xp.asarray(-math.inf, dtype=xb.dtype, device=device_of(xb)))
-    return xp.min(lo, axis=axis + 1), xp.max(hi, axis=axis + 1)
+    return reduce_aminmax(xb, (axis + 1,), ignore_nonfinite=ignore_nonfinite, xp=xp)
 
 
 # ----------------------------------------------------------------------------- exact powers of two

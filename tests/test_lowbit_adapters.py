@@ -399,8 +399,6 @@ def test_group_without_finite_values(be, mode):
 def test_large_group_nan_propagates_on_every_backend(be):
     """One NaN in a whole-axis group of 8192 elements poisons that group's scale (XLA:CPU's min/max
     reductions drop NaN from 4096 elements on; the core must restore it for groups as for tensors)."""
-    if be.name == "jax":
-        pytest.xfail("core bug: observers_core._mx.blocked_aminmax lacks aminmax's NaN restoration under XLA:CPU")
     x = np.ones((2, 8192), np.float32)
     x[0, 5] = np.nan
     obs = make(be, "PerGroupMinMaxObserver", dtype="int8", group_size=-1)
