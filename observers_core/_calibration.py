@@ -581,7 +581,9 @@ def _mse_window(spec: QuantSpec) -> tuple[int, int]:
     return low, spec.quant_max
 
 
-def _mse_search(hist, edges, *, spec, start_bin, stride, xp) -> tuple[_Hist, SearchCurve, Array, Array]:
+def _mse_search(hist, edges, *, spec, start_bin, stride, xp) -> tuple[_Hist, SearchCurve, Array, Array | None]:
+    """The candidates, with ``objective`` the error sums in units of ``norm`` (the largest |edge|,
+    so huge ranges do not overflow), ``norm`` and the sums' rounding bound (None when by bin)."""
     xp = array_namespace(hist, edges, xp=xp)
     if not isinstance(spec, QuantSpec):
         raise TypeError(f"spec must be a QuantSpec (see quant_spec(...)), got {type(spec).__name__} {spec!r}")
@@ -611,11 +613,9 @@ def _mse_search(hist, edges, *, spec, start_bin, stride, xp) -> tuple[_Hist, Sea
             cand_np.size * bins * 4, xp, h.counts, centers, scale, zero_point, norm,
         )
         noise = None  # by bin every term is computed directly: no cancellation to allow for
-    total = xp.sum(h.counts, axis=-1, keepdims=True)
-    objective = err * (norm[:, None] ** 2) / xp.where(total > 0, total, 1.0)
     out_centers = (h.out_edges[:, 1:] + h.out_edges[:, :-1]) / 2
     threshold = _take_shared(xp.astype(out_centers, h.out_edges.dtype), cand, xp)
-    return h, SearchCurve(cand, threshold, objective), err, noise
+    return h, SearchCurve(cand, threshold, err), norm, noise
 
 
 def mse_errors(
@@ -635,8 +635,11 @@ def mse_errors(
     In float64 with at most ``bins`` levels the sum runs by level (O(levels) per candidate, accurate to
     about ``1e-10`` relative); otherwise by bin with :func:`fake_quantize` (O(bins) per candidate).
     """
-    h, curve, _, _ = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, xp=xp)
-    return _shaped_curve(curve, h, array_namespace(hist, edges, xp=xp))
+    xp = array_namespace(hist, edges, xp=xp)
+    h, curve, norm, _ = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, xp=xp)
+    total = xp.sum(h.counts, axis=-1, keepdims=True)
+    objective = curve.objective * norm[:, None] ** 2 / xp.where(total == 0, 1.0, total)  # squared data units
+    return _shaped_curve(curve._replace(objective=objective), h, xp)
 
 
 def mse_threshold(
@@ -660,11 +663,11 @@ def mse_threshold(
     """
     ties = _check_ties(ties)
     tie_tol = _check_float(tie_tol, "tie_tol", allow_none=True)
-    h, curve, err, noise = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, xp=xp)
     xp = array_namespace(hist, edges, xp=xp)
+    h, curve, _, noise = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, xp=xp)
     tol = _default_tie_tol(xp, h.dtype) if tie_tol is None else tie_tol
     slack = 0.0 if noise is None else 2 * xp.max(noise, axis=-1, keepdims=True)
-    best = _pick(err, lambda m: tol * m + slack, ties, xp)
+    best = _pick(curve.objective, lambda m: tol * m + slack, ties, xp)
     return _result(_select(curve.threshold, best, xp), h, xp)
 
 
