@@ -352,6 +352,7 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
             d *= num
             d /= den
             np.nan_to_num(d, copy=False, nan=nan_bin, posinf=out_bin, neginf=out_bin)
+            np.clip(d, 0.0, out_bin, out=d)  # only an invalid range puts finite values outside
             if bounded:
                 d[(c < lo) | (c > hi)] = out_bin
             out += np.bincount(d.astype(np.intp), minlength=bins + 3)
@@ -364,13 +365,13 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
             c = xf[s:s + _CHUNK]
             d = torch.mul(c, half)
             d.sub_(lo_half).mul_(num).div_(den)
-            torch.nan_to_num_(d, nan=nan_bin, posinf=out_bin, neginf=out_bin)
+            torch.nan_to_num_(d, nan=nan_bin, posinf=out_bin, neginf=out_bin).clamp_(0.0, out_bin)
             if bounded:
                 d.masked_fill_((c < lo) | (c > hi), out_bin)
             out += torch.bincount(d.to(torch.int32), minlength=bins + 3)
         return out
     pos = _div((xf * half - lo_half) * num, den, xp)
-    pos = xp.where(xp.isnan(pos), nan_bin, xp.where(xp.isfinite(pos), pos, out_bin))
+    pos = xp.where(xp.isnan(pos), nan_bin, xp.where(xp.isfinite(pos), xp.clip(pos, 0.0, out_bin), out_bin))
     if bounded:
         pos = xp.where((xf >= lo) & (xf <= hi), pos, out_bin)
     return _bincount(xp.astype(pos, index_dtype(xp)), bins + 3, xp)
@@ -522,9 +523,9 @@ def histogram_update(
       holds ``min_val = max_val = NaN`` and the previous histogram (torch raises; adapters check
       ``isnan(state.min_val)`` and raise, the previous state being still theirs).
     """
-    xp = array_namespace(state.histogram, xp=xp)
     bins = _check_state(state)
     up = _check_upsample_rate(upsample_rate)
+    xp = array_namespace(state.histogram, xp=xp)
     check_real(x, xp)
     if size(x) == 0:
         return state
@@ -558,8 +559,8 @@ def histogram_merge(a: HistogramState, b: HistogramState, /, *, upsample_rate: i
     Commutative, with :func:`histogram_init` as identity; re-binning is lossy, so it is associative only
     up to that loss, and ``merge(a, batch state)`` differs from ``update(a, batch)`` unless the batch
     state's range already is the merged range (update bins the raw values)."""
-    xp = array_namespace(a.histogram, b.histogram, xp=xp)
     bins_a, bins_b = _check_state(a, name="a"), _check_state(b, name="b")
+    xp = array_namespace(a.histogram, b.histogram, xp=xp)
     if bins_a != bins_b:
         raise ValueError(f"a has {bins_a} bins and b has {bins_b}; merge needs the same number of bins")
     up = _check_upsample_rate(upsample_rate)
@@ -802,8 +803,8 @@ def histogram_qparams(state: HistogramState, /, spec: QuantSpec, *, xp: Any = No
     ``dst_nbins = 2**bits(spec.dtype)``, then :func:`calculate_qparams` on the range found. A state that
     has seen nothing gives ``scale = 1``, ``zero_point = 0`` (torch also warns; adapters do that).
     Per-tensor schemes and integer dtypes only, as in torch."""
-    xp = array_namespace(state.histogram, xp=xp)
     _check_state(state)
+    xp = array_namespace(state.histogram, xp=xp)
     if not spec.qscheme.is_per_tensor:
         raise ValueError(f"spec.qscheme={spec.qscheme.value} is not supported; allowed: per_tensor_affine, "
                          "per_tensor_symmetric")  # fmt: skip
