@@ -1,3 +1,246 @@
-"""Placeholder: the generic (any array namespace) histogram observers come with their issue."""
+"""``HistogramObserver`` over one array-API namespace: the running histogram and torch's L2 range search.
 
-__all__: list[str] = []
+Used directly (``xp=numpy`` by default, or ``array_api_strict``) it is a plain NumPy observer;
+``observers_core.adapters.jax`` and ``.cupy`` subclass it and add only ``jax.jit`` and device handling.
+The torch adapter (:mod:`observers_core.adapters._torch_histogram`) keeps the same statistics in
+``nn.Module`` buffers and reuses :func:`check_loaded_state` from here.
+
+Statistics: a :class:`~observers_core.HistogramState` ``(histogram, min_val, max_val)`` (float32
+``(bins,)`` counts over ``[min_val, max_val]``, 0-d bounds, ``+inf``/``-inf`` before any input), updated by
+:func:`observers_core.histogram_update` exactly as ``torch.ao``'s ``HistogramObserver.forward``: the batch
+is binned on the new range ``[min(min_val, min(x)), max(max_val, max(x))]`` and the old histogram is moved
+onto it through ``upsample_rate`` sub-bins per bin. ``calculate_qparams`` is
+:func:`observers_core.histogram_qparams`: torch's greedy L2 search for a clipping range ``[new_min,
+new_max]`` (``2**bits`` destination bins), then ``calculate_qparams(new_min, new_max)``.
+
+Non-finite values, the same on every backend:
+
+- ``+inf``/``-inf`` are dropped (torch drops them too, with a warning; only the torch adapter warns, the
+  array observers never synchronise with the host for it);
+- NaN, by default, makes the state NaN: ``min_val = max_val = NaN``, the histogram as it was, every later
+  batch ignored and ``calculate_qparams`` giving a NaN scale (torch raises ``RuntimeError`` in ``histc``);
+  ``ignore_nonfinite=True`` drops NaN like inf.
+
+Differences from torch, all deliberate: configuration errors are ``ValueError``/``TypeError`` naming the
+argument; ``upsample_rate`` is a constructor argument (torch hard-codes 16); inputs of every real dtype are
+binned in float32 (torch bins float64/float16 in their own precision and rejects integers) and counts are
+exact integers up to ``2**31 - 1`` per bin and batch (torch's float32 counts stop at ``2**24``);
+``reset_min_max_vals()`` forgets everything (torch raises ``NotImplementedError``); ``load_state_dict``
+checks every entry before anything changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from observers_core._dtypes import FLOAT32_EPS, QScheme
+from observers_core._histogram import (
+    _DST_BITS,
+    _check_bins,
+    _check_upsample_rate,
+    HistogramState,
+    histogram_init,
+    histogram_qparams,
+    histogram_update,
+)
+from observers_core._namespace import device_of as _device_of
+from observers_core._qparams import QParams
+
+from ._array_observers import UniformQuantizationObserverBase, _check_entry, _check_keys
+
+__all__ = ["HistogramObserver"]
+
+Array = Any
+
+#: torch's state_dict keys of a HistogramObserver, in torch's order.
+STATE_KEYS = ("eps", "histogram", "min_val", "max_val")
+
+
+def check_dtype(dtype: str, owner: str) -> int:
+    """``dst_nbins = 2**bits`` of a quantized dtype name (torch: ``2 ** torch.iinfo(dtype).bits``);
+    ``ValueError`` naming ``dtype`` for formats the histogram search does not handle (floats)."""
+    if dtype not in _DST_BITS:
+        raise ValueError(f"dtype={dtype!r} is not supported by {owner}; allowed: {', '.join(_DST_BITS)}")
+    return 2 ** _DST_BITS[dtype]
+
+
+def check_loaded_state(
+    histogram: np.ndarray, min_val: np.ndarray, max_val: np.ndarray, bins: int, owner: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Validated state_dict entries as float32 numpy arrays ``(histogram, min_val, max_val)``.
+
+    ``min_val``/``max_val`` of shape ``(0,)`` (torch's uninitialised buffers before version 3) become
+    ``+inf``/``-inf``. Checked: ``histogram`` of shape ``(bins,)`` with finite non-negative counts;
+    ``min_val``/``max_val`` 0-d and either never updated (``+inf``, ``-inf``), NaN (an observer that saw
+    NaN) or finite with ``min_val <= max_val``."""
+    if histogram.shape != (bins,):
+        raise ValueError(f"state_dict['histogram'] must have shape ({bins},) for {owner} with bins={bins}, "
+                         f"got {histogram.shape}")  # fmt: skip
+    hist = histogram.astype(np.float32)
+    if not (np.all(np.isfinite(hist)) and np.all(hist >= 0)):
+        raise ValueError("state_dict['histogram'] must hold finite, non-negative counts")
+    bounds = []
+    for name, value, fill in (("min_val", min_val, np.inf), ("max_val", max_val, -np.inf)):
+        if value.shape == (0,):
+            value = np.asarray(fill)
+        if value.shape != ():
+            raise ValueError(f"state_dict[{name!r}] must be 0-d (or (0,): never updated), got shape {value.shape}")
+        bounds.append(value.astype(np.float32))
+    lo, hi = bounds
+    never = lo == np.inf and hi == -np.inf
+    poisoned = np.isnan(lo) and np.isnan(hi)
+    if not (never or poisoned or (np.isfinite(lo) and np.isfinite(hi) and lo <= hi)):
+        raise ValueError(f"state_dict has min_val={float(lo)} and max_val={float(hi)}; allowed: finite with "
+                         "min_val <= max_val, both NaN, or inf and -inf (never updated)")  # fmt: skip
+    return hist, lo, hi
+
+
+class HistogramObserver(UniformQuantizationObserverBase):
+    """Running histogram (``bins`` bins over the observed range) and torch's L2 search for the clipping
+    range. Same arguments as ``torch.ao.quantization.HistogramObserver`` plus ``upsample_rate`` (sub-bins
+    per bin when the range grows) and ``ignore_nonfinite`` (skip NaN; inf is always skipped).
+
+    ``calculate_qparams()``: ``[new_min, new_max]`` from the search (:func:`observers_core.histogram_qparams`),
+    then affine ``s = max((max(new_max, 0) - min(new_min, 0)) / (Q_max - Q_min), eps)``,
+    ``z = clamp(Q_min - round(min(new_min, 0) / s), Q_min, Q_max)`` (symmetric likewise)."""
+
+    def __init__(
+        self,
+        bins: int = 2048,
+        dtype: Any = "quint8",
+        qscheme: QScheme | str = QScheme.PER_TENSOR_AFFINE,
+        reduce_range: bool = False,
+        quant_min: int | None = None,
+        quant_max: int | None = None,
+        factory_kwargs: Mapping[str, Any] | None = None,
+        eps: float = FLOAT32_EPS,
+        is_dynamic: bool = False,
+        *,
+        upsample_rate: int = 16,
+        ignore_nonfinite: bool = False,
+        xp: Any = None,
+    ) -> None:
+        owner = type(self).__name__
+        self._bins = _check_bins(bins)
+        self._upsample_rate = _check_upsample_rate(upsample_rate)
+        if is_dynamic:
+            raise ValueError(f"is_dynamic=True is not supported by {owner} (no dynamic quantization)")
+        super().__init__(
+            dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
+            ignore_nonfinite=ignore_nonfinite, xp=xp,
+        )
+        self._dst_nbins = check_dtype(self._spec.dtype, owner)
+        self._state: HistogramState | None = None
+
+    # -- configuration -------------------------------------------------------------------------------
+    @property
+    def bins(self) -> int:
+        """Number of histogram bins."""
+        return self._bins
+
+    @property
+    def upsample_rate(self) -> int:
+        """Sub-bins per bin when the old histogram is moved onto a wider range."""
+        return self._upsample_rate
+
+    @property
+    def dst_nbins(self) -> int:
+        """Destination bins of the search: ``2**bits`` of ``dtype``."""
+        return self._dst_nbins
+
+    # -- state ---------------------------------------------------------------------------------------
+    def init_state(self, num_channels: int | None = None) -> HistogramState:
+        """A state that has seen nothing: zero counts, ``min_val=+inf``, ``max_val=-inf``."""
+        if num_channels is not None:
+            raise ValueError(f"num_channels must be None for {type(self).__name__}, got {num_channels!r}")
+        return histogram_init(bins=self._bins, xp=self._xp, device=self._device)
+
+    def _new_state(self, x: Array, num_channels: int | None) -> HistogramState:
+        device = self._device if self._device is not None else _device_of(x)
+        return histogram_init(bins=self._bins, xp=self._xp, device=device)
+
+    def _as_state(self, state: Any) -> HistogramState:
+        """``state`` as a :class:`HistogramState` of this observer's shapes (``TypeError``/``ValueError``)."""
+        if not isinstance(state, tuple) or len(state) != 3:
+            raise TypeError(f"state must be a HistogramState(histogram, min_val, max_val), got {type(state).__name__}")
+        state = HistogramState(*state)
+        shapes = tuple(tuple(a.shape) for a in state)
+        if shapes != ((self._bins,), (), ()):
+            raise ValueError(f"state must hold shapes ({self._bins},), (), () for bins={self._bins}, got {shapes}")
+        return state
+
+    @property
+    def state(self) -> HistogramState:
+        """The statistics as a :class:`~observers_core.HistogramState` (a JAX pytree); the empty state
+        before the first input."""
+        return self.init_state() if self._state is None else self._state
+
+    @state.setter
+    def state(self, state: HistogramState | None) -> None:
+        self._state = None if state is None else self._as_state(state)
+
+    @property
+    def histogram(self) -> Array:
+        return self.state.histogram
+
+    # -- update and qparams (JAX jits these hooks, CuPy runs them on the state's device) -----------
+    def _compute_update(self, state: HistogramState, x: Array, axis: int | None) -> HistogramState:
+        return histogram_update(
+            state, x, upsample_rate=self._upsample_rate, ignore_nonfinite=self.ignore_nonfinite, xp=self._xp
+        )
+
+    def _compute_qparams(self, state: HistogramState) -> QParams:
+        return histogram_qparams(state, self._spec, xp=self._xp)
+
+    def update(self, state: HistogramState, x: Array) -> HistogramState:
+        """Pure: the state after observing ``x`` (:func:`observers_core.histogram_update`); empty ``x``
+        returns ``state``."""
+        return super().update(self._as_state(state), x)
+
+    def qparams(self, state: HistogramState) -> QParams:
+        """Pure: :func:`observers_core.histogram_qparams` of ``state``."""
+        return self._compute_qparams(self._as_state(state))
+
+    def calculate_qparams(self) -> QParams:
+        """``(scale, zero_point)`` of the range the L2 search picks (see the class docstring). Before any
+        input: ``scale=[1.], zero_point=[0]`` with a warning, as torch."""
+        return super().calculate_qparams()
+
+    # -- state dict ----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Array]:
+        """``{"eps": (1,), "histogram": (bins,), "min_val": (), "max_val": ()}``, float32, with torch's key
+        names, order and shapes."""
+        state = self.state
+        eps = self._xp.asarray([self._spec.eps], dtype=self._xp.float32, device=_device_of(state.min_val))
+        return {"eps": eps, "histogram": state.histogram, "min_val": state.min_val, "max_val": state.max_val}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load ``eps``, ``histogram``, ``min_val``, ``max_val`` from numpy arrays, this framework's arrays
+        or torch CPU tensors (a ``torch.ao`` HistogramObserver's ``state_dict()`` loads as is, including
+        the ``(0,)`` min/max of torch's version < 3). Everything is checked (:func:`check_loaded_state`,
+        ``eps`` positive and finite) before anything changes."""
+        owner = type(self).__name__
+        _check_keys(state_dict, STATE_KEYS, owner)
+        eps = _check_entry(state_dict["eps"], "eps", (1,))
+        eps_val = float(eps.astype(np.float32)[0])
+        if not (math.isfinite(eps_val) and eps_val > 0):
+            raise ValueError(f"state_dict['eps']={eps_val!r} must be positive and finite")
+        entries = (_check_entry(state_dict[k], k, None) for k in ("histogram", "min_val", "max_val"))
+        checked = check_loaded_state(*entries, bins=self._bins, owner=owner)
+        like = None if self._state is None else self._state.min_val
+        self._spec = dataclasses.replace(self._spec, eps=eps_val)
+        self._state = HistogramState(*(self._place(a, self._xp.float32, like) for a in checked))
+
+    def extra_repr(self) -> str:
+        s = self._state
+        return (
+            f"bins={self._bins}, dtype={self.dtype!r}, qscheme={self.qscheme.value!r}, quant_min={self.quant_min}, "
+            f"quant_max={self.quant_max}, upsample_rate={self._upsample_rate}, "
+            f"min_val={None if s is None else s.min_val}, max_val={None if s is None else s.max_val}"
+            + (", ignore_nonfinite=True" if self.ignore_nonfinite else "")
+        )

@@ -1,3 +1,252 @@
-"""Placeholder: the histogram observers for torch come with their issue."""
+"""torch ``HistogramObserver``: a drop-in for ``torch.ao.quantization.HistogramObserver`` (torch 2.13).
 
-__all__: list[str] = []
+Same constructor (``bins=2048``, ``dtype``, ``qscheme``, ``reduce_range``, ``quant_min``/``quant_max``,
+``factory_kwargs``, ``eps``, ``is_dynamic``), buffers (``eps``, ``histogram``, ``min_val``, ``max_val``),
+state_dict keys and versions, warnings and ``default_histogram_observer`` preset as torch's. The running
+histogram is :func:`observers_core.histogram_update` and the search :func:`observers_core.non_linear_param_search`,
+both bit for bit torch's arithmetic; this file holds the torch parts (buffers, warnings, state dicts).
+
+Example::
+
+    from torch.ao.quantization import QConfig
+    from observers_core.adapters.torch import HistogramObserver, default_weight_observer
+
+    qconfig = QConfig(activation=HistogramObserver.with_args(reduce_range=True), weight=default_weight_observer)
+
+Differences from torch (see also :mod:`observers_core.adapters.torch`):
+
+- ``upsample_rate`` (keyword-only, default 16) is honoured (torch 2.13 sets the attribute to 16 in
+  ``__init__``; setting ``obs.upsample_rate`` afterwards works in both);
+- configuration errors are ``ValueError``/``TypeError`` naming the argument: ``bins``, ``upsample_rate``,
+  a ``dtype`` without integer bits, a per-channel ``qscheme`` and ``is_dynamic=True`` (the last two
+  raise an exception that is also a ``NotImplementedError``, which torch raises);
+- NaN: by default the state becomes NaN (``min_val = max_val = NaN``, histogram kept, later batches
+  ignored, NaN scale), with a warning, the same on every backend (torch raises ``RuntimeError`` from
+  ``histc``); ``ignore_nonfinite=True`` skips NaN and +/-inf silently;
+- inputs of every real dtype are binned in float32 (torch bins float64/float16 in their precision and
+  rejects integers); counts are exact integers per batch (torch's float32 counts stop at ``2**24``);
+- ``reset_histogram`` and ``load_state_dict`` check their inputs first (``ValueError``, buffers untouched);
+  loaded ``min_val``/``max_val`` are copied into the buffers (torch replaces the buffers by the loaded
+  tensors, device and dtype included).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import array_api_compat.torch as _NS
+import torch
+
+from observers_core._histogram import (
+    HistogramState,
+    _check_bins,
+    _check_upsample_rate,
+    histogram,
+    histogram_update,
+    non_linear_param_search,
+)
+
+from ._array_histogram import check_dtype, check_loaded_state
+from ._array_observers import _check_entry
+from .torch import (
+    _FLOAT32_EPS,
+    UniformQuantizationObserverBase,
+    _check_symmetric_reduce_range,
+    _checked_input,
+    to_core_dtype,
+    to_core_qscheme,
+)
+
+__all__ = ["HistogramObserver", "default_histogram_observer"]
+
+# The core's histogram functions get the plain array-API namespace: they pass Python scalars to
+# minimum/maximum/where, which the torch adapter's faster namespace (raw torch functions) rejects.
+
+_INF = float("inf")
+_INF_WARNING = "torch.inf detected in input tensor, ignoring input"
+_NAN_WARNING = (
+    "NaN detected in input tensor: the observer's min_val and max_val are NaN from now on and "
+    "calculate_qparams gives a NaN scale (torch raises here); pass ignore_nonfinite=True to skip NaN"
+)
+
+
+class UnsupportedConfigError(ValueError, NotImplementedError):
+    """A configuration torch's HistogramObserver rejects with ``NotImplementedError``: a ``ValueError``
+    here (naming the argument), still caught by ``except NotImplementedError``."""
+
+
+class HistogramObserver(UniformQuantizationObserverBase):
+    r"""Running histogram of everything observed and torch's L2 search for the clipping range.
+
+    ``forward(x)``: ``min_val = min(min_val, min(x))``, ``max_val = max(max_val, max(x))``; ``x`` is binned
+    (``bins`` bins) on the new range and added to the old histogram moved onto it (unchanged when the
+    range did not change, through ``upsample_rate`` sub-bins per bin otherwise). +/-inf are dropped with
+    torch's warning. ``calculate_qparams()``: the range ``[new_min, new_max]`` of the greedy search that
+    minimises the L2 error of ``2**bits`` uniform levels (:meth:`_non_linear_param_search`), then
+    ``s = max((max(new_max, 0) - min(new_min, 0)) / (Q_max - Q_min), eps)``,
+    ``z = clamp(Q_min - round(min(new_min, 0) / s), Q_min, Q_max)`` (symmetric likewise).
+    """
+
+    histogram: torch.Tensor
+    min_val: torch.Tensor
+    max_val: torch.Tensor
+
+    def __init__(
+        self,
+        bins=2048,
+        dtype=torch.quint8,
+        qscheme=torch.per_tensor_affine,
+        reduce_range=False,
+        quant_min=None,
+        quant_max=None,
+        factory_kwargs=None,
+        eps=_FLOAT32_EPS,
+        is_dynamic=False,
+        *,
+        upsample_rate=16,
+        ignore_nonfinite=False,
+        **kwargs,
+    ) -> None:
+        bins = _check_bins(bins)
+        upsample_rate = _check_upsample_rate(upsample_rate)
+        if not to_core_qscheme(qscheme).is_per_tensor:
+            raise UnsupportedConfigError(
+                f"qscheme={qscheme} is not supported by HistogramObserver; allowed: torch.per_tensor_affine, "
+                "torch.per_tensor_symmetric"
+            )
+        if is_dynamic:
+            raise UnsupportedConfigError("is_dynamic=True is not supported: HistogramObserver doesn't support "
+                                         "dynamic quantization")  # fmt: skip
+        dst_nbins = check_dtype(to_core_dtype(dtype), "HistogramObserver")
+        super().__init__(
+            dtype=dtype,
+            qscheme=qscheme,
+            reduce_range=reduce_range,
+            quant_min=quant_min,
+            quant_max=quant_max,
+            factory_kwargs=factory_kwargs,
+            eps=eps,
+            is_dynamic=is_dynamic,
+            ignore_nonfinite=ignore_nonfinite,
+            **kwargs,
+        )
+        _check_symmetric_reduce_range(self)
+        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
+        self.bins = bins
+        self.register_buffer("histogram", torch.zeros(bins, **factory_kwargs))
+        self.register_buffer("min_val", torch.tensor(_INF, **factory_kwargs))
+        self.register_buffer("max_val", torch.tensor(-_INF, **factory_kwargs))
+        self.dst_nbins = dst_nbins
+        self.upsample_rate = upsample_rate
+
+    # -- state ---------------------------------------------------------------------------------------
+    def _state(self) -> HistogramState:
+        """The buffers as the core's float32 state (the buffers themselves when they are float32)."""
+        buffers = self._buffers
+        hist = buffers["histogram"]
+        if hist.shape != (self.bins,):
+            raise ValueError(f"the histogram buffer has shape {tuple(hist.shape)} but bins={self.bins}; "
+                             "bins must not change after construction")  # fmt: skip
+        return HistogramState(hist.float(), buffers["min_val"].float(), buffers["max_val"].float())
+
+    def _store(self, state: HistogramState) -> None:
+        buffers = self._buffers
+        for name, value in zip(("histogram", "min_val", "max_val"), state):
+            buffers[name].copy_(value)
+
+    def _warn_nonfinite(self, x: torch.Tensor) -> None:
+        """torch's warning for +/-inf (and ours for NaN): one host read of ``aminmax(x)``."""
+        if not x.dtype.is_floating_point:
+            return
+        lo, hi = torch.aminmax(x)
+        lo, hi = torch.stack((lo, hi)).tolist()
+        if math.isnan(lo) or math.isnan(hi):
+            warnings.warn(_NAN_WARNING, stacklevel=3)
+        elif lo == -_INF or hi == _INF:
+            warnings.warn(_INF_WARNING, stacklevel=3)
+
+    # -- observe -------------------------------------------------------------------------------------
+    def forward(self, x_orig):
+        r"""Adds ``x`` to the running histogram (see the class docstring); returns ``x`` itself. Empty
+        ``x``: nothing changes. Errors leave the buffers untouched."""
+        hist = self._buffers["histogram"]
+        x = _checked_input(x_orig, hist)
+        if x.numel() == 0:
+            return x_orig
+        state = self._state()
+        if not self.ignore_nonfinite:
+            self._warn_nonfinite(x)
+        new = histogram_update(
+            state, x, upsample_rate=self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite, xp=_NS
+        )
+        self._store(new)
+        return x_orig
+
+    def reset_histogram(self, x: torch.Tensor, min_val: torch.Tensor, max_val: torch.Tensor) -> None:
+        r"""Sets ``min_val``/``max_val`` and ``histogram = histc(x, bins, min_val, max_val)`` (torch's first
+        batch; values outside the range, NaN and inf are not counted). ``min_val <= max_val``, one value
+        each, else ``ValueError`` with the buffers untouched."""
+        x = _checked_input(x, self._buffers["histogram"])
+        self._state()  # checks the buffer against bins
+        bounds = []
+        for name, value in (("min_val", min_val), ("max_val", max_val)):
+            value = torch.as_tensor(value, device=x.device)
+            if value.numel() != 1:
+                raise ValueError(f"{name} must hold one value (histogram min/max values must be scalar), "
+                                 f"got shape {tuple(value.shape)}")  # fmt: skip
+            bounds.append(value.reshape(()).float())
+        lo, hi = bounds
+        lo_f, hi_f = torch.stack(bounds).tolist()
+        if not (math.isfinite(lo_f) and math.isfinite(hi_f) and lo_f <= hi_f):
+            raise ValueError(f"min_val={lo_f} and max_val={hi_f} must be finite with min_val <= max_val")
+        self._store(HistogramState(histogram(x, bins=self.bins, lo=lo, hi=hi, xp=_NS), lo, hi))
+
+    # -- qparams -------------------------------------------------------------------------------------
+    def _non_linear_param_search(self) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``(new_min, new_max)`` of torch's greedy L2 search over the histogram
+        (:func:`observers_core.non_linear_param_search` with ``dst_nbins`` levels), as 0-d float32 tensors."""
+        state = self._state()
+        return non_linear_param_search(*state, dst_nbins=self.dst_nbins, xp=_NS)
+
+    def calculate_qparams(self):  # type: ignore[override]
+        r"""Scale and zero point of the searched range. Before any input: torch's warning and
+        ``(tensor([1.]), tensor([0]))``; after a NaN input: a warning and a NaN scale."""
+        state = self._state()
+        lo, hi = torch.stack((state.min_val, state.max_val)).tolist()
+        if lo == _INF and hi == -_INF:
+            return self._calculate_qparams(self.min_val, self.max_val)  # torch's warning and defaults
+        if math.isnan(lo) or math.isnan(hi):
+            warnings.warn("min_val and max_val are NaN (the observer saw NaN): the scale is NaN", stacklevel=2)
+        new_min, new_max = self._non_linear_param_search()
+        return self._calculate_qparams(new_min, new_max)
+
+    # -- state dict ----------------------------------------------------------------------------------
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        version = local_metadata.get("version", None)
+        keys = {name: prefix + name for name in ("histogram", "min_val", "max_val")}
+        if version is None or version < 3:
+            # before version 3, never-updated min_val/max_val had shape (0,)
+            for name, fill in (("min_val", _INF), ("max_val", -_INF)):
+                value = state_dict.get(keys[name])
+                if isinstance(value, torch.Tensor) and value.shape == (0,):
+                    state_dict[keys[name]] = torch.tensor(fill)
+        if all(isinstance(state_dict.get(k), torch.Tensor) for k in keys.values()):
+            # checked before anything changes; the values are then copied into the buffers by the base
+            entries = [_check_entry(state_dict[k], k, None) for k in keys.values()]
+            hist, lo, hi = check_loaded_state(*entries, bins=self.bins, owner="HistogramObserver")
+            for name, value in zip(keys, (hist, lo, hi)):
+                state_dict[keys[name]] = torch.from_numpy(value)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def extra_repr(self):
+        rate = "" if self.upsample_rate == 16 else f", upsample_rate={self.upsample_rate}"
+        return f"min_val={self.min_val}, max_val={self.max_val}" + rate + self._repr_suffix()
+
+
+default_histogram_observer = HistogramObserver.with_args(quant_min=0, quant_max=127)
+"""Default histogram observer, usually used for PTQ (activations in [0, 127])."""
