@@ -373,6 +373,20 @@ def test_histogram_quantization_error_matches_reference_and_mse_curve():
         assert float(err) == pytest.approx(objective, rel=1e-8)
 
 
+def test_leading_shapes_and_shared_edges():
+    """hist (2, 3, bins) gives (2, 3) thresholds, each that of its own row; 1-D edges are shared."""
+    h, e = channel_stack(bins=200, per_family=1, seed=24)
+    h6, e_shared = h.reshape(2, 3, 200), e[0]
+    for fn in (lambda a, b: oc.kl_threshold(a, b, num_bits=5),
+               lambda a, b: oc.mse_threshold(a, b, spec=NARROW_INT8, start_bin=20),
+               lambda a, b: oc.percentile_range(a, b, percentile=99.5, symmetric=False)[0]):
+        got = fn(h6, e_shared)
+        assert got.shape == (2, 3)
+        np.testing.assert_array_equal(got.reshape(-1), [float(fn(row, e_shared)) for row in h])
+    curve = oc.kl_divergences(h6, e_shared, num_bits=5)
+    assert curve.threshold.shape == curve.objective.shape == (2, 3, curve.index.shape[0])
+
+
 def test_histogram_quantization_error_per_channel():
     rng = np.random.default_rng(12)
     hs, es = zip(*(np.histogram(sample(f, rng, 3000), bins=64) for f in FAMILIES))
