@@ -1,3 +1,325 @@
-"""Placeholder: the calibration observers for torch come with their issue."""
+"""torch calibration observers (Horizon ``observer_v2``): KL, MSE, percentile and mix as ``nn.Module``s.
 
-__all__: list[str] = []
+They subclass this package's ``UniformQuantizationObserverBase`` (itself torch's ``ObserverBase``, so
+``with_args``, ``QConfig``, ``prepare``/``convert`` and ``FakeQuantize`` accept them) and keep the averaged
+range in the buffers ``min_val``/``max_val`` (0-d per tensor; empty until the first batch, then
+``(C,)``, per channel) next to ``eps``: ``state_dict``, ``torch.save``/``torch.load``,
+``copy.deepcopy`` and ``.to(device)`` work. KLObserver's accumulated histogram lives in non-persistent
+buffers (moved by ``.to``, not saved, as in Horizon). The configuration, the searches and the moving
+average are those of :mod:`observers_core.adapters._array_calibration` (see its docstring for the
+formulas and the deliberate differences from Horizon); ``dtype`` takes names or torch dtypes
+(``torch.qint8``), ``qscheme`` torch's objects or names. The observers are eager-only.
+
+Horizon's ``observer_v2.MinMaxObserver`` (moving average, ``ch_axis=-1``, qint8 symmetric) is not
+exported under that name (torch's ``MinMaxObserver`` owns it): use
+``MovingAverageMinMaxObserver(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)`` or, per channel,
+``MovingAveragePerChannelMinMaxObserver(ch_axis=c, dtype=torch.qint8, qscheme=torch.per_channel_symmetric)``.
+
+Example::
+
+    import torch
+    from torch.ao.quantization import QConfig
+    from observers_core.adapters.torch import KLObserver, MixObserver
+
+    qconfig = QConfig(activation=KLObserver.with_args(update_interval=32),
+                      weight=MixObserver.with_args(ch_axis=0, qscheme=torch.per_channel_symmetric))
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import array_api_compat.torch as _xpt
+import torch
+
+from observers_core._minmax import MinMaxState, minmax_init
+from observers_core._namespace import normalize_axis
+
+from . import _array_calibration as _base
+from .torch import UniformQuantizationObserverBase, _checked_input, to_core_dtype, to_core_qscheme
+
+__all__ = list(_base.__all__)
+
+_INF = float("inf")
+#: KLObserver's non-persistent buffers: the fields of ``KLAccumulator`` (histogram, then range).
+_ACC_BUFFERS = ("hist_counts", "hist_lo", "hist_width", "hist_min_val", "hist_max_val", "seen_min_val", "seen_max_val")
+
+
+class _CalibrationObserver(UniformQuantizationObserverBase):
+    """Shared by the four observers: configuration, buffers, the forward loop, state dict loading."""
+
+    _METHOD = ""
+
+    min_val: torch.Tensor
+    max_val: torch.Tensor
+
+    def __init__(
+        self,
+        averaging_constant,
+        ch_axis,
+        dtype,
+        qscheme,
+        quant_min,
+        quant_max,
+        is_sync_quantize,
+        factory_kwargs,
+        *,
+        bins,
+        percentile=99.99,
+        stride=1,
+        update_interval=1,
+        **kwargs,
+    ) -> None:
+        config, per_channel = _base.make_config(
+            type(self).__name__, self._METHOD, dtype=to_core_dtype(dtype), qscheme=to_core_qscheme(qscheme),
+            quant_min=quant_min, quant_max=quant_max, ch_axis=ch_axis, averaging_constant=averaging_constant,
+            bins=bins, percentile=percentile, stride=stride, update_interval=update_interval,
+            is_sync_quantize=is_sync_quantize,
+        )
+        super().__init__(
+            dtype=dtype, qscheme=qscheme, quant_min=quant_min, quant_max=quant_max, factory_kwargs=factory_kwargs, **kwargs
+        )
+        self.config = config
+        self.per_channel = per_channel
+        self.ch_axis = int(ch_axis)
+        self.averaging_constant = config.averaging_constant
+        self.is_sync_quantize = False
+        self.last_choice: torch.Tensor | None = None
+        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
+        if per_channel:
+            self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
+            self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
+        else:
+            self.register_buffer("min_val", torch.tensor(_INF, **factory_kwargs))
+            self.register_buffer("max_val", torch.tensor(-_INF, **factory_kwargs))
+
+    # -- forward -------------------------------------------------------------------------------
+    def _axis(self, x: torch.Tensor) -> int | None:
+        return normalize_axis(self.ch_axis, x.ndim, name="ch_axis") if self.per_channel else None
+
+    def _range_state(self, x: torch.Tensor, axis: int | None) -> MinMaxState:
+        """The buffers as a state (a fresh one per channel before the first batch); ``ValueError`` when
+        ``x`` has another channel count than the buffers."""
+        min_val, max_val = self._buffers["min_val"], self._buffers["max_val"]
+        if axis is None:
+            return MinMaxState(min_val, max_val)
+        channels = x.shape[axis]
+        if min_val.numel() == 0:
+            return minmax_init(num_channels=channels, dtype=min_val.dtype, device=min_val.device, xp=_xpt)
+        if tuple(min_val.shape) != (channels,):
+            raise ValueError(
+                f"x has {channels} channels along ch_axis={self.ch_axis} but the observer holds "
+                f"{tuple(min_val.shape)} min/max values; call reset_min_max_vals() to start over"
+            )
+        return MinMaxState(min_val, max_val)
+
+    def _store(self, new: MinMaxState) -> None:
+        for name, value in zip(("min_val", "max_val"), new):
+            buf = self._buffers[name]
+            if buf.shape == value.shape:
+                buf.copy_(value)
+            else:
+                self._buffers[name] = value.to(buf.dtype)
+
+    def _observe(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> MinMaxState | None:
+        new, self.last_choice = _base.batch_update(state, x, axis=axis, config=self.config, xp=_xpt)
+        return new
+
+    def forward(self, x_orig):
+        r"""Observes ``x`` (see the class docstring); returns ``x`` itself. Errors leave the buffers untouched."""
+        x = _checked_input(x_orig, self._buffers["min_val"])
+        axis = self._axis(x)
+        if x.numel() == 0:
+            return x_orig
+        new = self._observe(self._range_state(x, axis), x, axis)
+        if new is not None:
+            self._store(new)
+        return x_orig
+
+    # -- qparams and state ---------------------------------------------------------------------
+    def calculate_qparams(self):  # type: ignore[override]
+        r"""``calculate_qparams(min_val, max_val)`` of the averaged range (scale, zero point; per channel
+        when ``ch_axis >= 0``)."""
+        return self._calculate_qparams(self.min_val, self.max_val)
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        if self.per_channel:  # N values into the empty (or other-sized) per-channel buffers
+            for name in ("min_val", "max_val"):
+                value = state_dict.get(prefix + name)
+                buf = self._buffers[name]
+                if isinstance(value, torch.Tensor) and value.dim() == 1 and buf.shape != value.shape:
+                    self._buffers[name] = torch.empty(value.shape, dtype=buf.dtype, device=buf.device)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def reset_min_max_vals(self):
+        """Forget the averaged range (per channel, the channel count too)."""
+        for name, value in (("min_val", _INF), ("max_val", -_INF)):
+            buf = self._buffers[name]
+            if self.per_channel:
+                self._buffers[name] = torch.empty(0, dtype=buf.dtype, device=buf.device)
+            else:
+                buf.fill_(value)
+        self.last_choice = None
+
+    def extra_repr(self):
+        return _base.describe(self.config, self.ch_axis) + f", min_val={self.min_val}, max_val={self.max_val}"
+
+
+class PercentileObserver(_CalibrationObserver):
+    __doc__ = _base.PercentileObserver.__doc__
+    _METHOD = "percentile"
+
+    def __init__(
+        self,
+        percentile=99.99,
+        bins=2048,
+        averaging_constant=0.01,
+        ch_axis=-1,
+        dtype="qint8",
+        qscheme=torch.per_tensor_symmetric,
+        quant_min=None,
+        quant_max=None,
+        is_sync_quantize=False,
+        factory_kwargs=None,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            averaging_constant, ch_axis, dtype, qscheme, quant_min, quant_max, is_sync_quantize, factory_kwargs,
+            bins=bins, percentile=percentile, **kwargs,
+        )
+
+
+class MSEObserver(_CalibrationObserver):
+    __doc__ = _base.MSEObserver.__doc__
+    _METHOD = "mse"
+
+    def __init__(
+        self,
+        stride=1,
+        averaging_constant=0.01,
+        ch_axis=-1,
+        dtype="qint8",
+        qscheme=torch.per_tensor_symmetric,
+        quant_min=None,
+        quant_max=None,
+        is_sync_quantize=False,
+        factory_kwargs=None,
+        *,
+        bins=2048,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            averaging_constant, ch_axis, dtype, qscheme, quant_min, quant_max, is_sync_quantize, factory_kwargs,
+            bins=bins, stride=stride, **kwargs,
+        )
+
+
+class MixObserver(_CalibrationObserver):
+    __doc__ = _base.MixObserver.__doc__
+    _METHOD = "mix"
+
+    def __init__(
+        self,
+        averaging_constant=0.01,
+        ch_axis=-1,
+        dtype="qint8",
+        qscheme=torch.per_tensor_symmetric,
+        quant_min=None,
+        quant_max=None,
+        is_sync_quantize=False,
+        factory_kwargs=None,
+        *,
+        bins=2048,
+        percentile=99.99,
+        stride=1,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            averaging_constant, ch_axis, dtype, qscheme, quant_min, quant_max, is_sync_quantize, factory_kwargs,
+            bins=bins, percentile=percentile, stride=stride, **kwargs,
+        )
+
+
+class KLObserver(_CalibrationObserver):
+    __doc__ = _base.KLObserver.__doc__
+    _METHOD = "kl"
+
+    def __init__(
+        self,
+        bins=512,
+        update_interval=1,
+        averaging_constant=0.01,
+        ch_axis=-1,
+        dtype="qint8",
+        qscheme=torch.per_tensor_symmetric,
+        quant_min=None,
+        quant_max=None,
+        is_sync_quantize=False,
+        factory_kwargs=None,
+        **kwargs,
+    ) -> None:
+        super().__init__(
+            averaging_constant, ch_axis, dtype, qscheme, quant_min, quant_max, is_sync_quantize, factory_kwargs,
+            bins=bins, update_interval=update_interval, **kwargs,
+        )
+        self.update_interval = self.config.update_interval
+        self.num_steps = 0
+        device = torch.nn.factory_kwargs(factory_kwargs).get("device")
+        for name in _ACC_BUFFERS:
+            self.register_buffer(name, torch.tensor([], device=device), persistent=False)
+
+    def _accumulator(self) -> _base.KLAccumulator | None:
+        """The accumulated histogram and range from the non-persistent buffers (``None`` before the first batch)."""
+        values = [self._buffers[name] for name in _ACC_BUFFERS]
+        if values[0].numel() == 0:
+            return None
+        return _base.KLAccumulator(_base.CalibHistogram(*values[:5]), MinMaxState(*values[5:]))
+
+    def _observe(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> MinMaxState | None:
+        channels = None if axis is None else x.shape[axis]
+        acc = self._accumulator()
+        if acc is None:
+            acc = _base.kl_init(channels, bins=self.config.bins, device=x.device, xp=_xpt)
+        elif axis is not None and tuple(acc.seen.min_val.shape) != (channels,):
+            raise ValueError(
+                f"x has {channels} channels along ch_axis={self.ch_axis} but the KL histogram holds "
+                f"{acc.seen.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
+            )
+        acc = _base.kl_accumulate(acc, x, axis=axis, xp=_xpt)
+        for name, value in zip(_ACC_BUFFERS, (*acc.hist, *acc.seen)):
+            self._buffers[name] = value
+        self.num_steps += 1
+        if self.num_steps % self.config.update_interval:
+            return None
+        return _base.kl_update(state, acc, config=self.config, xp=_xpt)
+
+    def calculate_qparams(self):  # type: ignore[override]
+        r"""``calculate_qparams(min_val, max_val)`` of the averaged KL range; before the first KL update a
+        warning that says so and ``(tensor([1.]), tensor([0]))``."""
+        min_val, max_val = self.min_val, self.max_val
+        if min_val.numel() == 0 or (min_val.dim() == 0 and bool((min_val == _INF) & (max_val == -_INF))):
+            with warnings.catch_warnings():  # one warning, ours, instead of torch's generic one
+                warnings.simplefilter("ignore")
+                default = self._default_qparams(min_val)
+            warnings.warn(
+                _base.kl_pending_message(type(self).__name__, self.num_steps, self.config.update_interval),
+                UserWarning, stacklevel=2,
+            )
+            return default
+        return super().calculate_qparams()
+
+    def reset_min_max_vals(self):
+        """Forget everything seen: the averaged range, the histogram and the batch count."""
+        super().reset_min_max_vals()
+        for name in _ACC_BUFFERS:
+            buf = self._buffers[name]
+            self._buffers[name] = torch.empty(0, dtype=buf.dtype, device=buf.device)
+        self.num_steps = 0
+
+    def extra_repr(self):
+        return super().extra_repr() + f", num_steps={self.num_steps}"
