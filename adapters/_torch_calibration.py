@@ -273,8 +273,10 @@ class KLObserver(_CalibrationObserver):
         for name in _ACC_BUFFERS:
             self.register_buffer(name, torch.tensor([], device=device), persistent=False)
 
-    def _accumulator(self) -> _base.KLAccumulator | None:
-        """The accumulated histogram and range from the non-persistent buffers (``None`` before the first batch)."""
+    @property
+    def accumulator(self) -> _base.KLAccumulator | None:
+        """The accumulated histogram of ``|x|`` and finite range (views of the non-persistent buffers;
+        ``None`` before the first batch; not in the state dict)."""
         values = [self._buffers[name] for name in _ACC_BUFFERS]
         if values[0].numel() == 0:
             return None
@@ -282,7 +284,7 @@ class KLObserver(_CalibrationObserver):
 
     def _observe(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> MinMaxState | None:
         channels = None if axis is None else x.shape[axis]
-        acc = self._accumulator()
+        acc = self.accumulator
         if acc is None:
             acc = _base.kl_init(channels, bins=self.config.bins, device=x.device, xp=_xpt)
         elif axis is not None and tuple(acc.seen.min_val.shape) != (channels,):

@@ -456,8 +456,7 @@ def test_kl_runs_every_update_interval_and_warns_before(backend):
             assert_same(stats(obs)[0], history[i][0])
             assert_same(stats(obs)[1], history[i][1])
     assert_same(history[4][0], history[2][0])  # batches 4 and 5: no KL update (next at 6)
-    counts = obs.hist_counts if backend == "torch" else obs.accumulator.hist.counts
-    assert int(to_numpy(counts).sum()) == sum(b.size for b in batches)
+    assert int(to_numpy(obs.accumulator.hist.counts).sum()) == sum(b.size for b in batches)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         obs.calculate_qparams()
