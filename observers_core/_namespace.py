@@ -98,8 +98,8 @@ def rounded(product: Array, xp: Any) -> Array:
 
 def discarded_invalid(xp: Any) -> Any:
     """A context in which NumPy stays quiet about invalid operations whose results are discarded
-    (``inf - inf`` in an entry a ``where`` replaces); a no-op for every other backend."""
-    if is_numpy_namespace(xp):
+    (``inf - inf`` in an entry a ``where`` replaces); a no-op for backends not built on NumPy."""
+    if is_numpy_namespace(xp) or array_api_compat.is_array_api_strict_namespace(xp):
         import numpy as np
 
         return np.errstate(invalid="ignore")
