@@ -423,6 +423,16 @@ def test_repr_deepcopy_and_attributes():
     assert isinstance(mine, tobs.ObserverBase)
 
 
+def test_default_histogram_observer_builds_torchs_configuration():
+    theirs, mine = tobs.default_histogram_observer(), ours.default_histogram_observer()
+    assert type(mine) is ours.HistogramObserver
+    for attr in ("bins", "dtype", "qscheme", "quant_min", "quant_max", "reduce_range", "is_dynamic",
+                 "has_customized_qrange", "dst_nbins", "upsample_rate"):
+        assert getattr(mine, attr) == getattr(theirs, attr), attr
+    for key, value in theirs.state_dict().items():
+        assert_bitwise_equal(value, mine.state_dict()[key], key)
+
+
 def test_state_dict_interop_with_torch_both_ways():
     theirs, mine = _observed_pair(64, dtype=torch.qint8)
     sd_t, sd_o = theirs.state_dict(), mine.state_dict()
