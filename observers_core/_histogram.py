@@ -138,7 +138,18 @@ def _div(a: Array, b: Any, xp: Any) -> Array:
 
 
 def _cummin(v: Array, xp: Any) -> Array:
-    """Prefix minimum of a 1-D integer array (log-step doubling; the standard has no cummin)."""
+    """Prefix minimum of a 1-D integer array: the native scan where there is one, log-step doubling
+    otherwise (the standard has no cummin)."""
+    if is_numpy_namespace(xp):
+        return np.minimum.accumulate(v)
+    if is_torch_namespace(xp):
+        import torch  # only reached with torch tensors
+
+        return torch.cummin(v, dim=0).values
+    if is_jax_namespace(xp):
+        import jax  # only reached with jax arrays
+
+        return jax.lax.cummin(v)
     n = v.shape[0]
     big = xp.full((n,), int(np.iinfo(np.int32).max), dtype=v.dtype, device=_device(v))
     shift = 1
