@@ -548,6 +548,24 @@ def test_eager_ptq_with_default_histogram_observer_matches_torch():
             assert torch.equal(quantized_t(test), quantized_o(test)), name
 
 
+def test_fake_quantize_with_histogram_observer_matches_torchs_default_histogram_fake_quant():
+    """torch's ``default_histogram_fake_quant`` recipe with our observer class: same outputs and qparams."""
+    kwargs = {"quant_min": 0, "quant_max": 255, "dtype": torch.quint8, "qscheme": torch.per_tensor_affine,
+              "reduce_range": True, "bins": 64}  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = tq.FakeQuantize(observer=tobs.HistogramObserver, **kwargs)
+        mine = tq.FakeQuantize(observer=ours.HistogramObserver, **kwargs)
+    for x in make_sequence("outliers", seed=5):
+        x = torch.from_numpy(x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert torch.equal(theirs(x), mine(x))
+    assert_bitwise_equal(theirs.scale, mine.scale, "scale")
+    assert_bitwise_equal(theirs.zero_point, mine.zero_point, "zero_point")
+    assert_same_state(theirs.activation_post_process, mine.activation_post_process, "fake quantize observer")
+
+
 # ------------------------------------------------------------------------------------------------
 # numpy (generic) and JAX observers vs torch
 
