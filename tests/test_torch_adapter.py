@@ -43,7 +43,6 @@ def qparams_quietly(observer):
 def test_classes_and_presets_cover_torch():
     torch_presets = {n for n in tobs.__all__ if n.startswith("default_")} | {
         "weight_observer_range_neg_127_to_127", "per_channel_weight_observer_range_neg_127_to_127"}
-    torch_presets.discard("default_histogram_observer")  # added with HistogramObserver
     assert torch_presets <= set(ours.__all__)
     for name in STAT_CLASSES + ["UniformQuantizationObserverBase", "FixedQParamsObserver", "PlaceholderObserver",
                                 "RecordingObserver", "NoopObserver", "ReuseInputObserver"]:
@@ -55,12 +54,12 @@ def test_classes_and_presets_cover_torch():
 
 
 @pytest.mark.parametrize("name", sorted(
-    n for n in tobs.__all__ if n.startswith("default_") and n != "default_histogram_observer"
+    n for n in tobs.__all__ if n.startswith("default_")
 ) + ["weight_observer_range_neg_127_to_127", "per_channel_weight_observer_range_neg_127_to_127"])
 def test_presets_build_the_same_configuration(name):
     theirs, mine = getattr(tobs, name)(), getattr(ours, name)()
     assert type(mine).__name__ == type(theirs).__name__
-    assert type(mine).__module__ == ours.__name__
+    assert getattr(ours, type(mine).__name__) is type(mine)  # exported by observers_core.adapters.torch
     for attr in ("dtype", "qscheme", "quant_min", "quant_max", "reduce_range", "is_dynamic", "ch_axis",
                  "has_customized_qrange", "custom_op"):
         assert getattr(mine, attr, None) == getattr(theirs, attr, None), attr
