@@ -77,7 +77,6 @@ def histograms(seed: int = 0) -> dict[str, tuple[np.ndarray, np.float32, np.floa
 
 
 def bench_search(repeat: int) -> None:
-    import array_api_compat.torch  # noqa: F401
     import torch
     from torch.ao.quantization.observer import HistogramObserver
 
