@@ -23,6 +23,7 @@ from ._minmax import aminmax
 from ._namespace import (
     array_namespace,
     check_real,
+    divide_by_constant,
     index_dtype,
     is_cupy_namespace,
     is_jax_namespace,
@@ -129,10 +130,12 @@ def _rounded(p: Array, xp: Any) -> Array:
 
 def _div(a: Array, b: Any, xp: Any) -> Array:
     """``a / b`` as IEEE division. XLA (JAX) turns a division by a scalar or a constant into a
-    multiplication by the reciprocal, which can be off in the last bit; a divisor spread over ``a``'s
-    elements through ``(a == a)`` (NaN elements stay NaN) keeps the true division. Plain ``/`` elsewhere."""
+    multiplication by the reciprocal, which can be off in the last bit: Python-number divisors go through
+    :func:`divide_by_constant`; an array divisor is spread over ``a``'s elements through ``(a == a)``
+    (NaN elements stay NaN), which keeps the true division. Plain ``/`` elsewhere."""
+    if not hasattr(b, "dtype"):
+        return divide_by_constant(a, float(b), xp)
     if is_jax_namespace(xp):
-        b = b if hasattr(b, "dtype") else xp.asarray(b, dtype=a.dtype)
         return a / (b * xp.astype(a == a, b.dtype))
     return a / b
 
