@@ -30,11 +30,9 @@ from array_api_compat import device as _device
 from ._dtypes import QScheme, QuantSpec
 from ._namespace import (
     array_namespace,
+    bincount,
     check_real,
     index_dtype,
-    is_cupy_namespace,
-    is_jax_namespace,
-    is_numpy_namespace,
     is_torch_namespace,
     normalize_axis,
     size,
@@ -854,28 +852,6 @@ def _rebin(counts: Array, lo: Array, width: Array, new_lo: Array, new_width: Arr
     return xp.where(filled[:, None], at[:, 1:] - at[:, :-1], xp.zeros_like(counts))
 
 
-def _bincount(index: Array, length: int, xp: Any) -> Array:
-    """Occurrences of each value ``0 .. length - 1`` in the 1-D non-negative ``index`` (``< length + 1``):
-    the native kernel where there is one, sort + searchsorted elsewhere (array_api_strict)."""
-    if is_numpy_namespace(xp):
-        return np.bincount(index, minlength=length)[:length]
-    if is_torch_namespace(xp):
-        import torch
-
-        return torch.bincount(index, minlength=length)[:length]
-    if is_jax_namespace(xp):
-        import jax.numpy as jnp
-
-        return jnp.bincount(index, length=length)
-    if is_cupy_namespace(xp):
-        import cupy
-
-        return cupy.bincount(index, minlength=length)[:length]
-    ordered = xp.sort(index)
-    bounds = xp.searchsorted(ordered, xp.arange(length + 1, dtype=index.dtype, device=_device(index)))
-    return bounds[1:] - bounds[:-1]
-
-
 def _rows(state: CalibHistogram, xp: Any) -> CalibHistogram:
     """The state with one row per channel: counts (C, bins), the rest (C,)."""
     bins = state.counts.shape[-1]
@@ -944,7 +920,7 @@ def calib_histogram_update(
     index = xp.astype(xp.clip(index, 0.0, float(bins - 1)), index_dtype(xp))
     offsets = xp.arange(channels, dtype=index.dtype, device=_device(index))[:, None] * bins
     flat = xp.where(finite, index + offsets, channels * bins)
-    fresh = _bincount(xp.reshape(flat, (-1,)), channels * bins, xp)
+    fresh = bincount(xp.reshape(flat, (-1,)), channels * bins, xp)
     fresh = xp.reshape(xp.astype(fresh, merged.counts.dtype), (channels, bins))
     return _unrows(state, merged._replace(counts=merged.counts + fresh), xp)
 

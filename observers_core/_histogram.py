@@ -22,6 +22,7 @@ from ._dtypes import QuantSpec
 from ._minmax import aminmax
 from ._namespace import (
     array_namespace,
+    bincount,
     check_real,
     divide_by_constant,
     index_dtype,
@@ -29,6 +30,7 @@ from ._namespace import (
     is_jax_namespace,
     is_numpy_namespace,
     is_torch_namespace,
+    rounded,
     size,
 )
 from ._qparams import QParams, calculate_qparams
@@ -116,16 +118,6 @@ def _float64_scope(xp: Any):
         if not jax.config.jax_enable_x64:
             return jax.enable_x64(True)
     return contextlib.nullcontext()
-
-
-def _rounded(p: Array, xp: Any) -> Array:
-    """``p`` (a product) rounded to its dtype before it meets an addition. XLA (JAX under ``jit``) fuses a
-    product into a following add as one FMA, rounding once where torch's separate kernels round twice;
-    a factor ``(p == p)`` (1, or 0 for NaN, which stays NaN) is opaque to it, so ``p`` is rounded first and
-    the FMA it may still form with that factor adds exactly. Identity on other namespaces."""
-    if is_jax_namespace(xp):
-        return p * xp.astype(p == p, p.dtype)
-    return p
 
 
 def _div(a: Array, b: Any, xp: Any) -> Array:
@@ -272,26 +264,6 @@ def _cumsum32(v: Array, xp: Any) -> Array:
 # counting: one native kernel per namespace, one portable fallback
 
 
-def _bincount(idx: Array, length: int, xp: Any) -> Array:
-    """Integer counts of ``idx`` (values in ``[0, length)``): int64, int32 on JAX without x64."""
-    if is_numpy_namespace(xp):
-        return np.bincount(idx, minlength=length)
-    if is_torch_namespace(xp):
-        import torch  # only reached with torch tensors
-
-        return torch.bincount(idx, minlength=length)
-    if is_jax_namespace(xp):
-        return xp.bincount(idx, length=length)
-    if is_cupy_namespace(xp):
-        import cupy  # only reached with cupy arrays
-
-        return cupy.bincount(idx, minlength=length)
-    # portable: sort, then count through the positions of each value
-    s = xp.sort(idx)
-    edges = xp.searchsorted(s, xp.arange(length + 1, dtype=idx.dtype, device=_device(idx)), side="left")
-    return edges[1:] - edges[:-1]
-
-
 def _bincount_weighted(idx: Array, weights: Array, length: int, xp: Any) -> Array:
     """``out[idx[i]] += weights[i]`` in float32 and in index order (as ``torch.bincount(weights=)``
     accumulates on CPU); ``idx`` is non-decreasing here."""
@@ -400,7 +372,7 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
     pos = xp.where(xp.isnan(pos), nan_bin, xp.where(xp.isfinite(pos), xp.clip(pos, 0.0, out_bin), out_bin))
     if bounded:
         pos = xp.where((xf >= lo) & (xf <= hi), pos, out_bin)
-    return _bincount(xp.astype(pos, index_dtype(xp)), bins + 3, xp)
+    return bincount(xp.astype(pos, index_dtype(xp)), bins + 3, xp)
 
 
 def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[Array, Array],
@@ -738,18 +710,18 @@ def _errors(hist: Array, starts: Array, ends: Array, bin_width: Array, dst_nbins
     top = _scalar(float(dst_nbins - 1), w32, xp)
     zero = _scalar(0.0, w32, xp)
     i = xp.arange(n, dtype=starts.dtype, device=_device(hist))
-    begin = _rounded(xp.astype(i[None, :] - starts[:, None], f32) * w32, xp)
+    begin = rounded(xp.astype(i[None, :] - starts[:, None], f32) * w32, xp)
     end = begin + w32
     p = xp.clip(_floor_div(begin, dst, xp), zero, top)
     q = xp.clip(_floor_div(end, dst, xp), zero, top)
     density = _div(hist, w32, xp)
-    half3 = _rounded(half * half * half, xp)
-    neg_half3 = _rounded(neg_half * neg_half * neg_half, xp)
-    db = begin - _rounded((p + 0.5) * dst, xp)
-    norm = _rounded(density * _div(half3 - _rounded(db * db * db, xp), 3.0, xp), xp)
-    norm = norm + _rounded(((q - p) - 1) * (density * _div(half3 - neg_half3, 3.0, xp)), xp)
-    de = end - (_rounded(q * dst, xp) + half)
-    norm = norm + _rounded(density * _div(_rounded(de * de * de, xp) - neg_half3, 3.0, xp), xp)
+    half3 = rounded(half * half * half, xp)
+    neg_half3 = rounded(neg_half * neg_half * neg_half, xp)
+    db = begin - rounded((p + 0.5) * dst, xp)
+    norm = rounded(density * _div(half3 - rounded(db * db * db, xp), 3.0, xp), xp)
+    norm = norm + rounded(((q - p) - 1) * (density * _div(half3 - neg_half3, 3.0, xp)), xp)
+    de = end - (rounded(q * dst, xp) + half)
+    norm = norm + rounded(density * _div(rounded(de * de * de, xp) - neg_half3, 3.0, xp), xp)
     total = _sum32(norm, xp)
     return xp.where(is_zero, xp.zeros_like(total), total)
 
@@ -831,8 +803,8 @@ def non_linear_param_search(
         hi = xp.astype(max_val, xp.float32)
         start, end = _search_bins(hist, lo, hi, int(dst_nbins), xp)
         width = _div(hi - lo, float(n), xp)
-        new_min = lo + _rounded(width * xp.astype(start, xp.float32), xp)
-        return new_min, lo + _rounded(width * xp.astype(end + 1, xp.float32), xp)
+        new_min = lo + rounded(width * xp.astype(start, xp.float32), xp)
+        return new_min, lo + rounded(width * xp.astype(end + 1, xp.float32), xp)
 
 
 def histogram_qparams(state: HistogramState, /, spec: QuantSpec, *, xp: Any = None) -> QParams:

@@ -17,6 +17,7 @@ from array_api_compat import (
 
 __all__ = [
     "array_namespace",
+    "bincount",
     "device_of",
     "size",
     "index_dtype",
@@ -104,3 +105,27 @@ def discarded_invalid(xp: Any) -> Any:
 
         return np.errstate(invalid="ignore")
     return contextlib.nullcontext()
+
+
+def bincount(index: Array, length: int, xp: Any) -> Array:
+    """Occurrences of each value ``0 .. length - 1`` in the 1-D non-negative integer ``index`` (larger
+    values are not counted): integer counts (int64; int32 on JAX without x64), from the namespace's own
+    kernel (``np.bincount``, ``torch.bincount``, ``jnp.bincount(length=)``, ``cupy.bincount``), or a
+    portable sort + searchsorted (array_api_strict and any other namespace)."""
+    if is_numpy_namespace(xp):
+        import numpy as np
+
+        return np.bincount(index, minlength=length)[:length]
+    if is_torch_namespace(xp):
+        import torch  # only reached with torch tensors
+
+        return torch.bincount(index, minlength=length)[:length]
+    if is_jax_namespace(xp):
+        return xp.bincount(index, length=length)
+    if is_cupy_namespace(xp):
+        import cupy  # only reached with cupy arrays
+
+        return cupy.bincount(index, minlength=length)[:length]
+    ordered = xp.sort(index)
+    bounds = xp.searchsorted(ordered, xp.arange(length + 1, dtype=index.dtype, device=device_of(index)))
+    return bounds[1:] - bounds[:-1]
