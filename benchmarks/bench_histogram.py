@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -25,23 +24,19 @@ import warnings
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import machine_line  # noqa: E402
+
 BINS = 2048
 
 
 def machine() -> str:
-    """One line about the machine and the library versions."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    """The shared machine line, plus the load and torch's threads and CPU capability."""
     import torch
 
-    return (f"{cpu}, {os.cpu_count()} cores, load {load:.1f}; python {platform.python_version()}, "
-            f"numpy {np.__version__}, torch {torch.__version__} ({torch.get_num_threads()} threads, "
-            f"{torch.backends.cpu.get_cpu_capability()})")  # fmt: skip
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"{machine_line('numpy', 'torch')}; load {load:.1f}; torch {torch.get_num_threads()} threads, "
+            f"{torch.backends.cpu.get_cpu_capability()}")
 
 
 def best_of(fn, repeat: int) -> float:

@@ -16,27 +16,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
 import warnings
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import machine_line  # noqa: E402
+
 
 def machine(device: str) -> str:
+    """The shared machine line, plus torch's threads and the GPU."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     gpu = torch.cuda.get_device_name() if device == "cuda" else "none"
-    return (
-        f"machine: {platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores visible, "
-        f"torch threads {torch.get_num_threads()}, GPU {gpu}; python {sys.version.split()[0]}, torch {torch.__version__}"
-    )
+    return f"{machine_line('torch')}; torch threads {torch.get_num_threads()}, GPU {gpu}"
 
 
 def timed_pair(ours, theirs, repeat: int, sync) -> tuple[float, float]:
