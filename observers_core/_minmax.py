@@ -59,9 +59,13 @@ def aminmax(
     """
     xp = array_namespace(x, xp=xp)
     check_real(x, xp)
+    return _aminmax(x, None if axis is None else normalize_axis(axis, x.ndim), ignore_nonfinite, xp)
+
+
+def _aminmax(x: Array, axis: int | None, ignore_nonfinite: bool, xp: Any) -> tuple[Array, Array]:
+    """:func:`aminmax` for a checked ``x`` and a normalized ``axis``."""
     if axis is None:
         return reduce_aminmax(x, None, ignore_nonfinite=ignore_nonfinite, xp=xp)
-    axis = normalize_axis(axis, x.ndim)
     if is_torch_namespace(xp) and not ignore_nonfinite:
         return _torch_aminmax(x, axis)
     others = tuple(i for i in range(x.ndim) if i != axis)
@@ -127,7 +131,7 @@ def _batch_range(state: MinMaxState, x: Array, axis: int | None, ignore_nonfinit
                 f"x has {x.shape[axis]} channels along axis {axis} but the state holds "
                 f"{tuple(state.min_val.shape)}; build the state with num_channels={x.shape[axis]}"
             )
-    lo, hi = aminmax(x, axis=axis, ignore_nonfinite=ignore_nonfinite, xp=xp)
+    lo, hi = _aminmax(x, axis, ignore_nonfinite, xp)  # x was checked by the caller
     # Casting after the reduction equals reducing after the cast (rounding is monotone) and skips a copy.
     if lo.dtype != state.min_val.dtype:
         lo, hi = xp.astype(lo, state.min_val.dtype), xp.astype(hi, state.max_val.dtype)
@@ -169,8 +173,9 @@ def moving_average_update(
     if size(x) == 0:
         return state
     lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp)
-    fresh = (state.min_val == INF) & (state.max_val == -INF)  # never updated (min > max can also come
-    # from the average's own cancellation, and torch keeps averaging those)
+    # Never updated: (+inf, -inf), the only state where min - max is +inf (NaN compares False, and the
+    # average's own cancellation can cross min and max, so min > max alone would be wrong).
+    fresh = (state.min_val - state.max_val) == INF
     c = float(averaging_constant)
     with discarded_invalid(xp):  # fresh entries compute inf - inf, replaced by the batch range
         new_min = xp.where(fresh, lo, state.min_val + rounded(c * (lo - state.min_val), xp))
