@@ -120,3 +120,55 @@ def to_numpy(a) -> np.ndarray:
 
         return np.asarray(array_api_strict.asarray(a, copy=True)._array)
     return np.asarray(a)
+
+
+def to_torch(a):
+    """A numpy array (bfloat16 from ml_dtypes included) as a CPU torch tensor with the same bits."""
+    import torch
+
+    a = np.asarray(a)
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.uint16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def adapter_backend(name: str, generic) -> SimpleNamespace:
+    """An observer family's classes on one backend: ``mod`` holds the classes (``generic``, the family's
+    ``_array_*`` module, for numpy and array_api_strict), ``asarray`` converts numpy input, ``kw`` goes to
+    the constructors. GPU backends are skipped where no GPU exists."""
+    if name == "numpy":
+        return SimpleNamespace(name=name, mod=generic, asarray=np.asarray, kw={})
+    if name == "array_api_strict":
+        xps = pytest.importorskip("array_api_strict")
+        return SimpleNamespace(name=name, mod=generic, asarray=lambda a: xps.asarray(a), kw={"xp": xps})
+    if name == "torch":
+        from observers_core.adapters import torch as tobs
+
+        return SimpleNamespace(name=name, mod=tobs, asarray=to_torch, kw={})
+    if name == "jax":
+        pytest.importorskip("jax")
+        import jax.numpy as jnp
+
+        from observers_core.adapters import jax as jobs
+
+        return SimpleNamespace(name=name, mod=jobs, asarray=jnp.asarray, kw={})
+    if name == "cupy":
+        if not _cupy_available():
+            pytest.skip("cupy or a CUDA device is not available here")
+        import cupy
+
+        from observers_core.adapters import cupy as cobs
+
+        return SimpleNamespace(name=name, mod=cobs, asarray=cupy.asarray, kw={})
+    raise AssertionError(name)
+
+
+class TraceCounter:
+    """Wraps a function that runs only while JAX traces and counts the calls."""
+
+    def __init__(self, fn):
+        self.fn, self.count = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.count += 1
+        return self.fn(*args, **kwargs)

@@ -31,7 +31,7 @@ from _calibration_reference import (  # noqa: E402
     percentile_range_ref,
     pick_ref,
 )
-from conftest import _cupy_available, to_numpy  # noqa: E402
+from conftest import _cupy_available, adapter_backend, to_numpy, to_torch  # noqa: E402
 from observers_core.adapters import _array_calibration as generic  # noqa: E402  (no public numpy module)
 from observers_core.adapters import torch as tobs  # noqa: E402
 
@@ -57,35 +57,8 @@ def _one_torch_thread():
 # ------------------------------------------------------------------------------------- backends
 
 
-def to_torch(a: np.ndarray) -> torch.Tensor:
-    a = np.asarray(a)
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.uint16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(a.copy())
-
-
 def make_backend(name: str) -> SimpleNamespace:
-    if name == "numpy":
-        return SimpleNamespace(name=name, mod=generic, asarray=np.asarray, kw={})
-    if name == "array_api_strict":
-        xps = pytest.importorskip("array_api_strict")
-        return SimpleNamespace(name=name, mod=generic, asarray=lambda a: xps.asarray(a), kw={"xp": xps})
-    if name == "torch":
-        return SimpleNamespace(name=name, mod=tobs, asarray=to_torch, kw={})
-    if name == "jax":
-        pytest.importorskip("jax")
-        import jax.numpy as jnp
-        from observers_core.adapters import jax as jobs
-
-        return SimpleNamespace(name=name, mod=jobs, asarray=jnp.asarray, kw={})
-    if name == "cupy":
-        if not _cupy_available():
-            pytest.skip("cupy or a CUDA device is not available here")
-        import cupy
-        from observers_core.adapters import cupy as cobs
-
-        return SimpleNamespace(name=name, mod=cobs, asarray=cupy.asarray, kw={})
-    raise AssertionError(name)
+    return adapter_backend(name, generic)
 
 
 def make(be, cls_name: str, **kwargs):

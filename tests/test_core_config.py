@@ -27,7 +27,7 @@ def test_ranges_match_torch(dtype):
             if custom:
                 torch_validate_qmin_qmax(qmin, qmax)
             expected = torch_calculate_qmin_qmax(qmin, qmax, custom, torch_dtype, reduce_range)
-        except AssertionError as err:
+        except AssertionError:
             with pytest.raises(ValueError):
                 oc.quant_spec(dtype, reduce_range=reduce_range, quant_min=qmin, quant_max=qmax)
             continue

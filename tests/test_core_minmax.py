@@ -83,7 +83,6 @@ def _to_backend(backend, np_arr, tensor):
         if backend.name.startswith("torch"):
             return tensor.to(backend.device)
         if backend.name.startswith("jax"):
-            import jax.numpy as jnp
             import ml_dtypes
 
             return backend.asarray(tensor.float().numpy().astype(ml_dtypes.bfloat16))

@@ -26,7 +26,7 @@ from observers_core.adapters import _array_histogram as aobs  # noqa: E402
 from observers_core.adapters import torch as ours  # noqa: E402
 
 from _torch_histogram_reference import torch_qparams as reference_qparams  # noqa: E402
-from conftest import to_numpy  # noqa: E402
+from conftest import TraceCounter, to_numpy  # noqa: E402
 from test_torch_parity import assert_bitwise_equal, one_torch_thread  # noqa: E402,F401
 
 F32 = np.float32
@@ -672,17 +672,6 @@ def test_jax_observer_matches_torch(kind):
         assert_array_parity(theirs, obs, f"{kind} batch {i}", flushed=flush)
 
 
-class _TraceCounter:
-    """Wraps a function that runs only while JAX traces and counts the calls."""
-
-    def __init__(self, fn):
-        self.fn, self.count = fn, 0
-
-    def __call__(self, *args, **kwargs):
-        self.count += 1
-        return self.fn(*args, **kwargs)
-
-
 def test_jax_update_and_qparams_are_jitted_and_traced_once(monkeypatch):
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
@@ -690,8 +679,8 @@ def test_jax_update_and_qparams_are_jitted_and_traced_once(monkeypatch):
     from observers_core.adapters import _jax_histogram
     from observers_core.adapters import jax as jobs
 
-    updates = _TraceCounter(_jax_histogram._update_body)
-    qparams = _TraceCounter(_jax_histogram._qparams_body)
+    updates = TraceCounter(_jax_histogram._update_body)
+    qparams = TraceCounter(_jax_histogram._qparams_body)
     monkeypatch.setattr(_jax_histogram, "_update_body", updates)
     monkeypatch.setattr(_jax_histogram, "_qparams_body", qparams)
     # a configuration no other test uses, so that nothing is compiled yet

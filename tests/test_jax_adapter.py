@@ -19,7 +19,7 @@ import torch.ao.quantization.observer as tao  # noqa: E402
 from observers_core import MinMaxState  # noqa: E402
 from observers_core.adapters import jax as jobs  # noqa: E402
 
-from conftest import to_numpy  # noqa: E402
+from conftest import TraceCounter  # noqa: E402
 from test_array_adapters import (  # noqa: E402
     KINDS,
     MINMAX_CLASSES,
@@ -131,19 +131,10 @@ def test_qparams_are_bit_exact_over_many_channels():
 
 
 # --------------------------------------------------------------------------- jit: traces, host syncs
-class _TraceCounter:
-    """Wraps a function that runs only while JAX traces and counts the calls."""
-
-    def __init__(self, fn):
-        self.fn, self.count = fn, 0
-
-    def __call__(self, *args, **kwargs):
-        self.count += 1
-        return self.fn(*args, **kwargs)
 
 
 def test_update_is_traced_once_per_shape_and_dtype(monkeypatch):
-    counter = _TraceCounter(jobs._update_body)
+    counter = TraceCounter(jobs._update_body)
     monkeypatch.setattr(jobs, "_update_body", counter)
     # a configuration (averaging constant) no other test uses, so that nothing is cached yet
     obs = jobs.MovingAveragePerChannelMinMaxObserver(averaging_constant=0.123456789, ch_axis=1)
@@ -166,7 +157,7 @@ def test_update_is_traced_once_per_shape_and_dtype(monkeypatch):
 
 
 def test_calculate_qparams_is_jitted_and_traced_once(monkeypatch):
-    counter = _TraceCounter(jobs._qparams_body)
+    counter = TraceCounter(jobs._qparams_body)
     monkeypatch.setattr(jobs, "_qparams_body", counter)
     obs = jobs.MinMaxObserver(dtype="qint8", quant_min=-37, quant_max=41)  # an unused spec
     obs(jnp.arange(5.0))

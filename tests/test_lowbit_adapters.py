@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 
 import _lowbit_reference as ref  # noqa: E402
 import observers_core as oc  # noqa: E402
-from conftest import _cupy_available, to_numpy  # noqa: E402
+from conftest import TraceCounter, _cupy_available, adapter_backend, to_numpy, to_torch  # noqa: E402
 from observers_core.adapters import _array_lowbit as generic  # noqa: E402  (no public numpy module)
 from observers_core.adapters import torch as tobs  # noqa: E402
 
@@ -41,35 +41,8 @@ F32_EPS = float(np.finfo(np.float32).eps)
 # ------------------------------------------------------------------------------------- backends
 
 
-def to_torch(a: np.ndarray) -> torch.Tensor:
-    a = np.asarray(a)
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.uint16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(a.copy())
-
-
 def _make_backend(name: str) -> SimpleNamespace:
-    if name == "numpy":
-        return SimpleNamespace(name=name, mod=generic, asarray=np.asarray, kw={})
-    if name == "array_api_strict":
-        xps = pytest.importorskip("array_api_strict")
-        return SimpleNamespace(name=name, mod=generic, asarray=lambda a: xps.asarray(a), kw={"xp": xps})
-    if name == "torch":
-        return SimpleNamespace(name=name, mod=tobs, asarray=to_torch, kw={})
-    if name == "jax":
-        pytest.importorskip("jax")
-        import jax.numpy as jnp
-        from observers_core.adapters import jax as jobs
-
-        return SimpleNamespace(name=name, mod=jobs, asarray=jnp.asarray, kw={})
-    if name == "cupy":
-        if not _cupy_available():
-            pytest.skip("cupy or a CUDA device is not available here")
-        import cupy
-        from observers_core.adapters import cupy as cobs
-
-        return SimpleNamespace(name=name, mod=cobs, asarray=cupy.asarray, kw={})
-    raise AssertionError(name)
+    return adapter_backend(name, generic)
 
 
 ALL_BACKENDS = ["numpy", "array_api_strict", "torch", "jax", "cupy"]
@@ -738,15 +711,6 @@ def test_torch_cuda_buffers_and_qparams_match_cpu():
 # ------------------------------------------------------------------------------------ JAX only
 
 
-class _TraceCounter:
-    def __init__(self, fn):
-        self.fn, self.count = fn, 0
-
-    def __call__(self, *args, **kwargs):
-        self.count += 1
-        return self.fn(*args, **kwargs)
-
-
 def test_jax_update_qparams_and_fake_quantize_trace_once(monkeypatch):
     """The jitted update traces once per input shape and dtype: the first batch, later batches, other
     observers with the same configuration and dynamic observers share it; qparams and fake
@@ -756,7 +720,7 @@ def test_jax_update_qparams_and_fake_quantize_trace_once(monkeypatch):
     from observers_core.adapters import jax as jobs
 
     impl = jobs._jax_lowbit
-    counters = {name: _TraceCounter(getattr(impl, name)) for name in ("_update_body", "_qparams_body", "_fake_quantize_body")}
+    counters = {name: TraceCounter(getattr(impl, name)) for name in ("_update_body", "_qparams_body", "_fake_quantize_body")}
     for name, counter in counters.items():
         monkeypatch.setattr(impl, name, counter)
     config = dict(dtype="int3", axis=0, group_size=5, symmetric=True)  # used by no other test

@@ -9,7 +9,6 @@ backend of the ``xp`` fixture, JAX under ``jax.jit``.
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 
 import array_api_compat
