@@ -45,9 +45,9 @@ from observers_core._histogram import (
     _check_upsample_rate,
     HistogramState,
     histogram_init,
-    histogram_qparams,
     histogram_update,
 )
+from observers_core._l2_search import histogram_qparams
 from observers_core._namespace import device_of as _device_of
 from observers_core._qparams import QParams
 

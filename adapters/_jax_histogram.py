@@ -30,7 +30,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from observers_core._histogram import histogram_qparams, histogram_update
+from observers_core._histogram import histogram_update
+from observers_core._l2_search import histogram_qparams
 
 from . import _array_histogram as _base
 from .jax import _JaxMinMaxMixin

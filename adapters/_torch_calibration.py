@@ -28,7 +28,6 @@ Example::
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import array_api_compat.torch as _xpt
 import torch

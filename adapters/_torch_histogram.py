@@ -44,8 +44,8 @@ from observers_core._histogram import (
     _check_upsample_rate,
     histogram,
     histogram_update,
-    non_linear_param_search,
 )
+from observers_core._l2_search import non_linear_param_search
 
 from ._array_histogram import check_dtype, check_loaded_state
 from ._array_observers import _check_entry

@@ -21,9 +21,10 @@ from ._minmax import (
 from ._qparams import QParams, calculate_qparams
 from ._quantize import fake_quantize
 from ._version import __version__
-from . import _calibration, _histogram, _lowbit
+from . import _calibration, _histogram, _l2_search, _lowbit
 from ._calibration import *  # noqa: F401,F403  (each module lists its public names in __all__)
 from ._histogram import *  # noqa: F401,F403
+from ._l2_search import *  # noqa: F401,F403
 from ._lowbit import *  # noqa: F401,F403
 
 __all__ = [
@@ -48,5 +49,5 @@ __all__ = [
     "quant_spec",
     "validate_qmin_qmax",
 ]
-__all__ += _histogram.__all__ + _calibration.__all__ + _lowbit.__all__
+__all__ += _histogram.__all__ + _l2_search.__all__ + _calibration.__all__ + _lowbit.__all__
 
