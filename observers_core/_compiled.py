@@ -1,0 +1,58 @@
+"""Compiled CPU kernels (numba), optional: one place that knows whether they are available.
+
+The array-API code is the reference and runs everywhere (every namespace, every device, under
+``jax.jit``). Where a loop over the data cannot be written with array operations without large
+temporaries or many small kernel launches (binning a tensor into a histogram, the per-candidate error
+sums of the L2 search), host-memory arrays (NumPy, and torch CPU tensors through a zero-copy NumPy view)
+go through a numba kernel instead, computing the same float32 operations in the same order. Kernels are
+compiled on first use and cached on disk (``cache=True``).
+
+numba comes with the ``torch`` and ``test`` extras (``pip install observers-core[fast]`` alone). Without
+it, or with ``OBSERVERS_CORE_NO_NUMBA=1`` in the environment, or ``ENABLED = False`` at run time (the
+tests switch it to check both paths), the array-API code runs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from ._namespace import is_numpy_namespace, is_torch_namespace
+
+try:
+    import numba
+except ImportError:  # optional: the array-API code runs instead
+    numba = None
+
+__all__ = ["ENABLED", "AVAILABLE", "host_view", "kernel", "numba"]
+
+AVAILABLE = numba is not None
+ENABLED = AVAILABLE and os.environ.get("OBSERVERS_CORE_NO_NUMBA", "") in ("", "0")
+
+Array = Any
+
+
+def kernel(*, parallel: bool = False) -> Callable[[Callable], Callable | None]:
+    """``numba.njit`` (no fastmath: IEEE float32 operations as written, no contraction into FMAs; cached
+    on disk; releases the GIL); ``None`` in place of the function without numba."""
+
+    def decorate(fn: Callable) -> Callable | None:
+        if numba is None:
+            return None
+        return numba.njit(cache=True, nogil=True, parallel=parallel, error_model="numpy")(fn)
+
+    return decorate
+
+
+def host_view(x: Array, xp: Any) -> np.ndarray | None:
+    """``x`` as a NumPy array without a copy when a compiled kernel may take it (kernels enabled, ``x`` a
+    NumPy array or a torch CPU tensor that needs no grad); ``None`` otherwise."""
+    if not ENABLED:
+        return None
+    if is_numpy_namespace(xp):
+        return np.asarray(x)
+    if is_torch_namespace(xp) and x.device.type == "cpu" and not x.requires_grad:
+        return x.numpy()
+    return None
