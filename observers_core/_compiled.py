@@ -26,7 +26,7 @@ try:
 except ImportError:  # optional: the array-API code runs instead
     numba = None
 
-__all__ = ["ENABLED", "AVAILABLE", "host_view", "kernel", "numba"]
+__all__ = ["ENABLED", "AVAILABLE", "host_scalar", "host_view", "kernel", "numba", "threads"]
 
 AVAILABLE = numba is not None
 ENABLED = AVAILABLE and os.environ.get("OBSERVERS_CORE_NO_NUMBA", "") in ("", "0")
@@ -56,3 +56,22 @@ def host_view(x: Array, xp: Any) -> np.ndarray | None:
     if is_torch_namespace(xp) and x.device.type == "cpu" and not x.requires_grad:
         return x.numpy()
     return None
+
+
+def host_scalar(x: Array) -> np.generic:
+    """A 0-d NumPy array or torch CPU tensor as a NumPy scalar of its dtype (so a float32 bound stays
+    float32 inside a kernel)."""
+    return (x.numpy() if hasattr(x, "numpy") and not isinstance(x, np.ndarray) else np.asarray(x))[()]
+
+
+def threads(xp: Any, n: int, *, grain: int = 1 << 15) -> int:
+    """How many parts a parallel kernel splits ``n`` elements into: torch's intra-op thread count for
+    torch tensors (``torch.set_num_threads`` is honoured), numba's otherwise; at least ``grain`` elements
+    per part."""
+    if is_torch_namespace(xp):
+        import torch  # only reached with torch tensors
+
+        workers = torch.get_num_threads()
+    else:
+        workers = numba.get_num_threads()
+    return max(1, min(workers, numba.get_num_threads(), n // grain))

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
+from ._compiled import host_scalar, host_view, kernel, numba, threads
 from ._minmax import aminmax
 from ._namespace import (
     array_namespace,
@@ -152,7 +153,12 @@ def _linspace(start: Array, end: Array, steps: int, xp: Any) -> Array:
     """``torch.linspace(start, end, steps)`` in float32 as torch's CPU kernel computes it:
     ``step = (end - start) / (steps - 1)``; element ``i`` is ``start + step * i`` for ``i < steps // 2``
     and ``end - step * (steps - 1 - i)`` otherwise, each a fused multiply-add (x86-64 builds of torch
-    contract them; verified bit for bit against torch 2.13)."""
+    contract them; verified bit for bit against torch 2.13). torch tensors get ``torch.linspace`` itself
+    (the call torch's observer makes, so also its CUDA kernel on CUDA)."""
+    if is_torch_namespace(xp):
+        import torch  # only reached with torch tensors
+
+        return torch.linspace(start, end, steps, dtype=start.dtype, device=start.device)
     idt = index_dtype(xp)
     step = _div(end - start, float(steps - 1), xp)
     i = xp.arange(steps, dtype=idt, device=_device(start))
@@ -196,9 +202,6 @@ def _bincount_weighted(idx: Array, weights: Array, length: int, xp: Any) -> Arra
 # ----------------------------------------------------------------------------------------------
 # torch.histc
 
-_CHUNK = 1 << 16  # numpy/torch bin this many values at a time, in place, while they sit in cache
-
-
 def _histc_range(lo: Array, hi: Array, data_lo: Array, data_hi: Array, xp: Any) -> tuple[Array, Array]:
     """torch.histc's outer edges: if ``lo == hi`` use the data's range; if that is a single value ``c``
     too, widen it to ``[min(c - 1, prev(c)), max(c + 1, next(c))]`` (torch >= 2.1's float rule)."""
@@ -214,7 +217,11 @@ def _histc_range(lo: Array, hi: Array, data_lo: Array, data_hi: Array, xp: Any) 
 
 def _finite_range(xf: Array, xp: Any) -> tuple[Array, Array]:
     """``(min, max)`` of the finite values of 1-D ``xf`` (``(+inf, -inf)`` if none), one kernel per
-    namespace."""
+    namespace; in host memory a plain min and max first, which is the answer when both are finite."""
+    if _on_host(xf, xp):
+        lo, hi = aminmax(xf, xp=xp)  # the common case first: all finite (a free host check here)
+        if math.isfinite(float(lo)) and math.isfinite(float(hi)):
+            return lo, hi
     if is_numpy_namespace(xp):
         finite = np.isfinite(xf)
         return (np.asarray(np.min(xf, where=finite, initial=np.inf), dtype=xf.dtype),
@@ -225,6 +232,36 @@ def _finite_range(xf: Array, xp: Any) -> tuple[Array, Array]:
         lo = torch.amin(torch.nan_to_num(xf, nan=INF, posinf=INF, neginf=INF))
         return lo, torch.amax(torch.nan_to_num(xf, nan=-INF, posinf=-INF, neginf=-INF))
     return aminmax(xf, ignore_nonfinite=True, xp=xp)
+
+
+_CHUNK = 4096  # the compiled kernel bins this many values (vectorized), then counts them
+
+
+@kernel(parallel=True)
+def _counts_kernel(x, lo, hi, lo_half, half, num, den, bins, bounded, parts):  # pragma: no cover (compiled)
+    """:func:`_counts` for host memory: the same float32 operations per element, ``parts`` contiguous
+    slices in parallel, each binned ``_CHUNK`` values at a time (branch-free, so it vectorizes) and
+    counted into its own row."""
+    n = x.shape[0]
+    step = (n + parts - 1) // parts
+    zero, nan_bin, out_bin = x.dtype.type(0), x.dtype.type(bins + 1), x.dtype.type(bins + 2)
+    counts = np.zeros((parts, bins + 3), dtype=np.int64)
+    for p in numba.prange(parts):
+        idx = np.empty(_CHUNK, dtype=np.int32)
+        end = min(n, (p + 1) * step)
+        for start in range(p * step, end, _CHUNK):
+            m = min(_CHUNK, end - start)
+            for j in range(m):
+                v = x[start + j]
+                pos = (v * half - lo_half) * num / den
+                b = zero if pos <= zero else pos
+                b = out_bin if b >= out_bin else b
+                b = out_bin if pos - pos != zero else b  # +/-inf (and NaN, next line)
+                b = out_bin if bounded and not (lo <= v <= hi) else b
+                idx[j] = np.int32(nan_bin if pos != pos else b)
+            for j in range(m):
+                counts[p, idx[j]] += 1
+    return counts.sum(axis=0)
 
 
 def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: bool) -> Array:
@@ -242,37 +279,14 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
     den = xp.where(over, width * _SCALE, width)
     lo_half = lo * half
     nan_bin, out_bin = float(bins + 1), float(bins + 2)
-    if is_numpy_namespace(xp):
-        out = np.zeros(bins + 3, dtype=np.int64)
-        for s in range(0, xf.shape[0], _CHUNK):
-            c = xf[s:s + _CHUNK]
-            d = c * half
-            d -= lo_half
-            d *= num
-            d /= den
-            np.nan_to_num(d, copy=False, nan=nan_bin, posinf=out_bin, neginf=out_bin)
-            np.clip(d, 0.0, out_bin, out=d)  # only an invalid range puts finite values outside
-            if bounded:
-                d[(c < lo) | (c > hi)] = out_bin
-            out += np.bincount(d.astype(np.intp), minlength=bins + 3)
-        return out
-    if is_torch_namespace(xp):
-        import torch  # only reached with torch tensors
-
-        out = torch.zeros(bins + 3, dtype=torch.int64, device=xf.device)
-        for s in range(0, xf.shape[0], _CHUNK):
-            c = xf[s:s + _CHUNK]
-            d = torch.mul(c, half)
-            d.sub_(lo_half).mul_(num).div_(den)
-            torch.nan_to_num_(d, nan=nan_bin, posinf=out_bin, neginf=out_bin).clamp_(0.0, out_bin)
-            if bounded:
-                d.masked_fill_((c < lo) | (c > hi), out_bin)
-            out += torch.bincount(d.to(torch.int32), minlength=bins + 3)
-        return out
+    host = host_view(xf, xp)
+    if host is not None:
+        bounds = (host_scalar(v) for v in (lo, hi, lo_half, half, num, den))
+        return xp.asarray(_counts_kernel(host, *bounds, bins, bounded, threads(xp, host.shape[0])))
     pos = _div((xf * half - lo_half) * num, den, xp)
     pos = xp.where(xp.isnan(pos), nan_bin, xp.where(xp.isfinite(pos), xp.clip(pos, 0.0, out_bin), out_bin))
     if bounded:
-        pos = xp.where((xf >= lo) & (xf <= hi), pos, out_bin)
+        pos = xp.where((xf >= lo) & (xf <= hi) | xp.isnan(xf), pos, out_bin)
     return bincount(xp.astype(pos, index_dtype(xp)), bins + 3, xp)
 
 
@@ -373,27 +387,45 @@ def _rebin(hist: Array, old_min: Array, old_max: Array, new_min: Array, new_max:
     return _bincount_weighted(idx, parts, bins, xp)
 
 
+def _on_host(x: Array, xp: Any) -> bool:
+    """Whether ``x`` is an eager array in host memory (NumPy, torch CPU), where a data-dependent branch
+    costs nothing and saves computing the branches not taken."""
+    return is_numpy_namespace(xp) or (is_torch_namespace(xp) and x.device.type == "cpu")
+
+
+def _point_mass(hist: Array, c: Array, new_min: Array, new_max: Array, xp: Any) -> Array:
+    """``sum(hist)`` in the bin of the single value ``c`` on ``[new_min, new_max]`` (``torch.histc(c) *
+    sum``), zeros elsewhere."""
+    onehot = _histc(xp.reshape(c, (1,)), hist.shape[0], new_min, new_max, xp, data=(c, c))[0]
+    return xp.where(onehot > 0, xp.sum(hist), xp.zeros_like(hist))
+
+
 def _to_range(state: HistogramState, new_min: Array, new_max: Array, up: int, xp: Any) -> Array:
     """``state.histogram`` moved onto ``[new_min, new_max]`` (which contains the state's range) the way
     torch's ``_combine_histograms`` does: unchanged on the same range; all of it in the bin of the single
     value when ``min_val == max_val``; re-binned through ``up`` sub-bins otherwise; zeros when empty."""
     hist, old_min, old_max = state
-    bins = hist.shape[0]
     empty = (old_min == INF) | (old_max == -INF)
     same = (old_min == new_min) & (old_max == new_max)
     point = (old_min == old_max) & ~same
+    if _on_host(hist, xp):  # eager, and reading a flag is free: compute only the branch taken
+        if bool(empty):
+            return xp.zeros_like(hist)
+        if bool(same):
+            return hist
+        if bool(point):
+            return _point_mass(hist, old_min, new_min, new_max, xp)
+        return _rebin(hist, old_min, old_max, new_min, new_max, up, xp)
+    # every branch is computed (jit, devices); the unused ones get harmless finite inputs
     rebin = ~(empty | same | point)
-    # every branch is computed (jit); the unused ones get harmless finite inputs
     zero, one = _scalar(0.0, old_min, xp), _scalar(1.0, old_min, xp)
     lo = xp.where(rebin, old_min, zero)
     hi = xp.where(rebin, old_max, one)
     nlo = xp.where(rebin, new_min, zero)
     nhi = xp.where(rebin, new_max, one)
     rebinned = _rebin(hist, lo, hi, nlo, nhi, up, xp)
-    c = xp.where(point, old_min, zero)
-    onehot = _histc(xp.reshape(c, (1,)), bins, xp.where(point, new_min, zero), xp.where(point, new_max, one),
-                    xp, data=(c, c))[0]  # fmt: skip
-    at_point = xp.where(onehot > 0, xp.sum(hist), xp.zeros_like(hist))
+    at_point = _point_mass(hist, xp.where(point, old_min, zero), xp.where(point, new_min, zero),
+                           xp.where(point, new_max, one), xp)  # fmt: skip
     out = xp.where(same, hist, xp.where(point, at_point, rebinned))
     return xp.where(empty, xp.zeros_like(hist), out)
 
