@@ -23,10 +23,12 @@ from ._namespace import is_numpy_namespace, is_torch_namespace
 
 try:
     import numba
+    from numba.core import types as _types
+    from numba.extending import intrinsic as _intrinsic
 except ImportError:  # optional: the array-API code runs instead
     numba = None
 
-__all__ = ["ENABLED", "AVAILABLE", "host_scalar", "host_view", "kernel", "numba", "threads"]
+__all__ = ["ENABLED", "AVAILABLE", "fma", "host_scalar", "host_view", "kernel", "numba", "threads"]
 
 AVAILABLE = numba is not None
 ENABLED = AVAILABLE and os.environ.get("OBSERVERS_CORE_NO_NUMBA", "") in ("", "0")
@@ -44,6 +46,23 @@ def kernel(*, parallel: bool = False) -> Callable[[Callable], Callable | None]:
         return numba.njit(cache=True, nogil=True, parallel=parallel, error_model="numpy")(fn)
 
     return decorate
+
+
+if numba is not None:
+
+    @_intrinsic
+    def fma(typingctx, a, b, c):
+        """``a * b + c`` rounded once (LLVM's ``fma``), inside kernels; all three the same float type."""
+        if not (a == b == c and isinstance(a, _types.Float)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.fma(*args)
+
+        return a(a, b, c), codegen
+
+else:
+    fma = None
 
 
 def host_view(x: Array, xp: Any) -> np.ndarray | None:

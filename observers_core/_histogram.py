@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
-from ._compiled import host_scalar, host_view, kernel, numba, threads
+from ._compiled import fma, host_scalar, host_view, kernel, numba, threads
 from ._minmax import aminmax
 from ._namespace import (
     array_namespace,
@@ -372,11 +372,48 @@ def histogram_init(*, bins: int, xp: Any, device: Any = None) -> HistogramState:
     )
 
 
+@kernel()
+def _linspace_kernel(start, end, steps):  # pragma: no cover (compiled; checked against torch.linspace)
+    """:func:`_linspace` for host memory, with true fused multiply-adds."""
+    out = np.empty(steps, dtype=np.float32)
+    step = (end - start) / np.float32(steps - 1)
+    for i in range(steps):
+        out[i] = fma(step, np.float32(i), start) if i < steps // 2 else fma(-step, np.float32(steps - 1 - i), end)
+    return out
+
+
+@kernel()
+def _rebin_kernel(hist, old_min, old_max, new_min, new_max, up):  # pragma: no cover (compiled)
+    """:func:`_rebin` for host memory: the same float32 operations, one pass. The sub-bin midpoints are
+    found among the edges by a forward scan (they rise with ``i``; a midpoint below the previous one
+    restarts the scan, so the bucket is ``bucketize``'s in every case) and added up in order."""
+    bins = hist.shape[0]
+    parts = bins * up
+    half_width = np.float32(0.5) * ((old_max - old_min) / np.float32(parts))
+    mids = _linspace_kernel(old_min, old_max, parts + 1)
+    edges = _linspace_kernel(new_min, new_max, bins + 1)
+    out = np.zeros(bins, dtype=np.float32)
+    j, previous = 0, -np.inf
+    for i in range(parts):
+        mid = mids[i] + half_width
+        if mid < previous:
+            j = 0
+        previous = mid
+        while j <= bins and edges[j] <= mid:  # j = #{edges <= mid}
+            j += 1
+        out[min(max(j - 1, 0), bins - 1)] += hist[i // up] / np.float32(up)
+    return out
+
+
 def _rebin(hist: Array, old_min: Array, old_max: Array, new_min: Array, new_max: Array, up: int, xp: Any) -> Array:
     """torch's ``_upscale_histogram``: split each bin into ``up`` equal parts of ``h / up``, place each part
     by its midpoint ``linspace(old_min, old_max, bins*up + 1)[:-1] + (old_max - old_min) / (2*bins*up)``
     into the new bins ``linspace(new_min, new_max, bins + 1)`` (``bucketize(right=True) - 1``, clamped),
     and add the parts up in order (float32)."""
+    host = host_view(hist, xp)
+    if host is not None:
+        bounds = (host_scalar(v) for v in (old_min, old_max, new_min, new_max))
+        return xp.asarray(_rebin_kernel(host, *bounds, up))
     bins = hist.shape[0]
     parts = xp.reshape(xp.broadcast_to(xp.reshape(_div(hist, float(up), xp), (bins, 1)), (bins, up)), (-1,))
     part_width = _div(old_max - old_min, float(bins * up), xp)
