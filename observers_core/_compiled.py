@@ -15,6 +15,8 @@ tests switch it to check both paths), the array-API code runs.
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
@@ -28,7 +30,7 @@ try:
 except ImportError:  # optional: the array-API code runs instead
     numba = None
 
-__all__ = ["ENABLED", "AVAILABLE", "fma", "host_scalar", "host_view", "kernel", "numba", "threads"]
+__all__ = ["ENABLED", "AVAILABLE", "fma", "host_scalar", "host_view", "kernel", "numba", "split_sum", "threads"]
 
 AVAILABLE = numba is not None
 ENABLED = AVAILABLE and os.environ.get("OBSERVERS_CORE_NO_NUMBA", "") in ("", "0")
@@ -83,14 +85,36 @@ def host_scalar(x: Array) -> np.generic:
     return (x.numpy() if hasattr(x, "numpy") and not isinstance(x, np.ndarray) else np.asarray(x))[()]
 
 
-def threads(xp: Any, n: int, *, grain: int = 1 << 15) -> int:
-    """How many parts a parallel kernel splits ``n`` elements into: torch's intra-op thread count for
-    torch tensors (``torch.set_num_threads`` is honoured), numba's otherwise; at least ``grain`` elements
-    per part."""
+def threads(xp: Any, n: int, *, grain: int = 1 << 17) -> int:
+    """How many parts :func:`split_sum` cuts ``n`` elements into: torch's intra-op thread count for torch
+    tensors (``torch.set_num_threads`` is honoured), the CPU count otherwise; at least ``grain`` elements
+    a part."""
     if is_torch_namespace(xp):
         import torch  # only reached with torch tensors
 
         workers = torch.get_num_threads()
     else:
-        workers = numba.get_num_threads()
-    return max(1, min(workers, numba.get_num_threads(), n // grain))
+        workers = os.cpu_count() or 1
+    return max(1, min(workers, n // grain))
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def split_sum(fn: Callable, x: np.ndarray, parts: int, *args: Any) -> np.ndarray:
+    """``fn(x, *args)`` for a kernel whose result adds up over slices of ``x`` (counts): ``x`` cut into
+    ``parts`` contiguous slices run on as many threads (the kernels release the GIL), results summed.
+    Plain Python threads: they do not spin between calls, so they leave torch's OpenMP pool alone."""
+    global _pool
+    if parts <= 1:
+        return fn(x, *args)
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < parts:
+            _pool = ThreadPoolExecutor(max_workers=parts, thread_name_prefix="observers_core")
+    step = -(-x.shape[0] // parts)
+    futures = [_pool.submit(fn, x[i:i + step], *args) for i in range(step, x.shape[0], step)]
+    total = fn(x[:step], *args)
+    for future in futures:
+        total += future.result()
+    return total

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
-from ._compiled import fma, host_scalar, host_view, kernel, numba, threads
+from ._compiled import fma, host_scalar, host_view, kernel, split_sum, threads
 from ._minmax import aminmax
 from ._namespace import (
     array_namespace,
@@ -237,31 +237,26 @@ def _finite_range(xf: Array, xp: Any) -> tuple[Array, Array]:
 _CHUNK = 4096  # the compiled kernel bins this many values (vectorized), then counts them
 
 
-@kernel(parallel=True)
-def _counts_kernel(x, lo, hi, lo_half, half, num, den, bins, bounded, parts):  # pragma: no cover (compiled)
-    """:func:`_counts` for host memory: the same float32 operations per element, ``parts`` contiguous
-    slices in parallel, each binned ``_CHUNK`` values at a time (branch-free, so it vectorizes) and
-    counted into its own row."""
-    n = x.shape[0]
-    step = (n + parts - 1) // parts
+@kernel()
+def _counts_kernel(x, lo, hi, lo_half, half, num, den, bins, bounded):  # pragma: no cover (compiled)
+    """:func:`_counts` for host memory: the same float32 operations per element, ``_CHUNK`` values at a
+    time binned branch-free (so it vectorizes), then counted."""
     zero, nan_bin, out_bin = x.dtype.type(0), x.dtype.type(bins + 1), x.dtype.type(bins + 2)
-    counts = np.zeros((parts, bins + 3), dtype=np.int64)
-    for p in numba.prange(parts):
-        idx = np.empty(_CHUNK, dtype=np.int32)
-        end = min(n, (p + 1) * step)
-        for start in range(p * step, end, _CHUNK):
-            m = min(_CHUNK, end - start)
-            for j in range(m):
-                v = x[start + j]
-                pos = (v * half - lo_half) * num / den
-                b = zero if pos <= zero else pos
-                b = out_bin if b >= out_bin else b
-                b = out_bin if pos - pos != zero else b  # +/-inf (and NaN, next line)
-                b = out_bin if bounded and not (lo <= v <= hi) else b
-                idx[j] = np.int32(nan_bin if pos != pos else b)
-            for j in range(m):
-                counts[p, idx[j]] += 1
-    return counts.sum(axis=0)
+    counts = np.zeros(bins + 3, dtype=np.int64)
+    idx = np.empty(_CHUNK, dtype=np.int32)
+    for start in range(0, x.shape[0], _CHUNK):
+        m = min(_CHUNK, x.shape[0] - start)
+        for j in range(m):
+            v = x[start + j]
+            pos = (v * half - lo_half) * num / den
+            b = zero if pos <= zero else pos
+            b = out_bin if b >= out_bin else b
+            b = out_bin if pos - pos != zero else b  # +/-inf (and NaN, next line)
+            b = out_bin if bounded and not (lo <= v <= hi) else b
+            idx[j] = np.int32(nan_bin if pos != pos else b)
+        for j in range(m):
+            counts[idx[j]] += 1
+    return counts
 
 
 def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: bool) -> Array:
@@ -282,7 +277,7 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
     host = host_view(xf, xp)
     if host is not None:
         bounds = (host_scalar(v) for v in (lo, hi, lo_half, half, num, den))
-        return xp.asarray(_counts_kernel(host, *bounds, bins, bounded, threads(xp, host.shape[0])))
+        return xp.asarray(split_sum(_counts_kernel, host, threads(xp, host.shape[0]), *bounds, bins, bounded))
     pos = _div((xf * half - lo_half) * num, den, xp)
     pos = xp.where(xp.isnan(pos), nan_bin, xp.where(xp.isfinite(pos), xp.clip(pos, 0.0, out_bin), out_bin))
     if bounded:
