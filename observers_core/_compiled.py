@@ -30,7 +30,7 @@ try:
 except ImportError:  # optional: the array-API code runs instead
     numba = None
 
-__all__ = ["ENABLED", "AVAILABLE", "fma", "host_scalar", "host_view", "kernel", "numba", "split_sum", "threads"]
+__all__ = ["ENABLED", "AVAILABLE", "fma", "host_scalar", "host_view", "kernel", "numba", "numpy_views", "split_sum", "threads"]
 
 AVAILABLE = numba is not None
 ENABLED = AVAILABLE and os.environ.get("OBSERVERS_CORE_NO_NUMBA", "") in ("", "0")
@@ -77,6 +77,19 @@ def host_view(x: Array, xp: Any) -> np.ndarray | None:
     if is_torch_namespace(xp) and x.device.type == "cpu" and not x.requires_grad:
         return x.numpy()
     return None
+
+
+def numpy_views(xp: Any, *arrays: Array) -> tuple[np.ndarray, ...] | None:
+    """Zero-copy NumPy views of torch CPU tensors (cast to float32 first where NumPy has no such dtype),
+    for functions that run torch CPU tensors as NumPy arrays when the kernels are enabled: the same
+    float32 arithmetic, and NumPy's operations on small arrays cost a fraction of torch's. ``None``
+    for anything else (kernels disabled, other namespaces, other devices)."""
+    if not ENABLED or not is_torch_namespace(xp) or any(a.device.type != "cpu" for a in arrays):
+        return None
+    import torch  # only reached with torch tensors
+
+    to_float = (torch.bfloat16, torch.complex32)
+    return tuple((a.float() if a.dtype in to_float else a).detach().numpy() for a in arrays)
 
 
 def host_scalar(x: Array) -> np.generic:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
-from ._compiled import fma, host_scalar, host_view, kernel, split_sum, threads
+from ._compiled import fma, host_scalar, host_view, kernel, numpy_views, split_sum, threads
 from ._minmax import aminmax
 from ._namespace import (
     array_namespace,
@@ -419,6 +419,12 @@ def _rebin(hist: Array, old_min: Array, old_max: Array, new_min: Array, new_max:
     return _bincount_weighted(idx, parts, bins, xp)
 
 
+def _numpy_namespace() -> Any:
+    import array_api_compat.numpy  # the namespace array_namespace gives NumPy arrays
+
+    return array_api_compat.numpy
+
+
 def _on_host(x: Array, xp: Any) -> bool:
     """Whether ``x`` is an eager array in host memory (NumPy, torch CPU), where a data-dependent branch
     costs nothing and saves computing the branches not taken."""
@@ -492,6 +498,13 @@ def histogram_update(
     check_real(x, xp)
     if size(x) == 0:
         return state
+    views = numpy_views(xp, *state, x)
+    if views is not None:  # torch CPU: run as NumPy, hand torch tensors back
+        import torch  # only reached with torch tensors
+
+        out = histogram_update(HistogramState(*views[:3]), views[3], upsample_rate=up,
+                               ignore_nonfinite=ignore_nonfinite, xp=_numpy_namespace())  # fmt: skip
+        return HistogramState(*(torch.from_numpy(np.asarray(a)) for a in out))
     with np.errstate(all="ignore"):
         xf = xp.astype(xp.reshape(x, (-1,)), xp.float32, copy=False)
         x_lo, x_hi = _finite_range(xf, xp)
