@@ -100,14 +100,14 @@ def host_scalar(x: Array) -> np.generic:
 
 def threads(xp: Any, n: int, *, grain: int = 1 << 17) -> int:
     """How many parts :func:`split_sum` cuts ``n`` elements into: torch's intra-op thread count for torch
-    tensors (``torch.set_num_threads`` is honoured), the CPU count otherwise; at least ``grain`` elements
+    tensors (``torch.set_num_threads`` is honoured), the CPUs this process may use otherwise; at least ``grain`` elements
     a part."""
     if is_torch_namespace(xp):
         import torch  # only reached with torch tensors
 
         workers = torch.get_num_threads()
     else:
-        workers = os.cpu_count() or 1
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(workers, n // grain))
 
 
