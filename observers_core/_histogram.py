@@ -1,11 +1,13 @@
-"""Histogram statistics and torch's L2 range search (``HistogramObserver``), as pure array functions.
+"""Histogram statistics of ``HistogramObserver`` (torch.histc binning and the running state), as pure
+array functions; the L2 search on the result is in ``_l2_search.py``.
 
 State is data: :class:`HistogramState` is a NamedTuple (a JAX pytree) of a float32 ``(bins,)`` histogram
 and 0-d float32 ``min_val``/``max_val`` (``+inf``/``-inf`` until something is seen). Every function is
-branch-free over array values (``where`` over all branches, static shapes), so ``histogram_update``,
-``histogram_merge`` and ``histogram_qparams`` run under ``jax.jit``. The arithmetic reproduces torch
-2.13's CPU kernels in float32 and in the same operation order, so states and qparams equal torch's
-bit for bit (see the notes on each function for the few documented exceptions).
+branch-free over array values (``where`` over all branches, static shapes), so ``histogram_update`` and
+``histogram_merge`` run under ``jax.jit``; eager host arrays (NumPy, torch CPU) take the branch they need
+and the compiled kernels (``_compiled.py``). The arithmetic reproduces torch 2.13's CPU kernels in float32
+and in the same operation order, so states equal torch's bit for bit (see the notes on each function for
+the few documented exceptions).
 """
 
 from __future__ import annotations
@@ -325,8 +327,9 @@ def histogram(x: Array, /, *, bins: int, lo: Any, hi: Any, xp: Any = None) -> Ar
     - ``lo > hi`` or non-finite bounds given as arrays give all zeros (torch raises; the check would need
       a host sync); as Python numbers they raise ``ValueError``.
 
-    Kernels: ``np.bincount``, ``torch.bincount``, ``jnp.bincount(length=)``, ``cupy.bincount``; other
-    namespaces sort and count with ``searchsorted``.
+    Kernels: a compiled one-pass kernel for NumPy arrays and torch CPU tensors (numba, see
+    ``_compiled.py``); otherwise ``torch.bincount``, ``jnp.bincount(length=)``, ``cupy.bincount``,
+    ``np.bincount``, and other namespaces sort and count with ``searchsorted``.
     """
     xp = array_namespace(x, xp=xp)
     check_real(x, xp)
