@@ -3,7 +3,9 @@
     python benchmarks/bench_histogram.py [--part search|update|jax|all] [--threads N] [--repeat K]
 
 - search: ``non_linear_param_search`` (what ``calculate_qparams`` spends its time in) on 2048-bin
-  histograms of several shapes vs torch's ``_non_linear_param_search`` loop on the same histogram;
+  histograms of several shapes vs torch's ``_non_linear_param_search`` loop on the same histogram, on
+  NumPy and torch CPU (compiled kernels on, the default) and on torch with the kernels off (the array-API
+  code, as torch runs on CUDA);
 - update: 10 batches of 1M float32 values with a growing range, ``histogram_update`` vs
   ``HistogramObserver.forward``;
 - jax: the same update and search under ``jax.jit``, in a subprocess of its own (torch's and XLA's
@@ -76,22 +78,33 @@ def bench_search(repeat: int) -> None:
     from torch.ao.quantization.observer import HistogramObserver
 
     import observers_core as oc
+    from observers_core import _compiled
 
-    print(f"\n## search: non_linear_param_search on {BINS}-bin histograms (dst_nbins=256)")
-    print(f"{'histogram':<16} {'torch.ao ms':>12} {'numpy ms':>9} {'ratio':>6} {'torch ms':>9} {'ratio':>6}")
+    def search(args, kernels: bool):
+        saved, _compiled.ENABLED = _compiled.ENABLED, kernels and _compiled.AVAILABLE
+        try:
+            return oc.non_linear_param_search(*args, dst_nbins=256)
+        finally:
+            _compiled.ENABLED = saved
+
+    print(f"\n## search: non_linear_param_search on {BINS}-bin histograms (dst_nbins=256), "
+          f"compiled kernels {'available' if _compiled.AVAILABLE else 'NOT INSTALLED'}")
+    print(f"{'histogram':<16} {'torch.ao ms':>12} {'numpy ms':>9} {'ratio':>6} {'torch ms':>9} {'ratio':>6} "
+          f"{'torch, no kernels':>18} {'ratio':>6}")
     for name, (hist, lo, hi) in histograms().items():
         obs = HistogramObserver(bins=BINS)
         obs.histogram, obs.min_val, obs.max_val = torch.tensor(hist), torch.tensor(lo), torch.tensor(hi)
         expected = tuple(float(v) for v in obs._non_linear_param_search())
         args_np = (hist, np.asarray(lo), np.asarray(hi))
         args_t = (torch.tensor(hist), torch.tensor(lo), torch.tensor(hi))
-        for args in (args_np, args_t):
-            got = tuple(float(v) for v in oc.non_linear_param_search(*args, dst_nbins=256))
-            assert got == expected, (name, got, expected)
+        runs = [(args_np, True), (args_t, True), (args_t, False)]
+        for args, kernels in runs:
+            got = tuple(float(v) for v in search(args, kernels))
+            assert got == expected, (name, kernels, got, expected)
         t_ref = best_of(obs._non_linear_param_search, max(1, repeat // 3))
-        t_np = best_of(lambda: oc.non_linear_param_search(*args_np, dst_nbins=256), repeat)
-        t_t = best_of(lambda: oc.non_linear_param_search(*args_t, dst_nbins=256), repeat)
-        print(f"{name:<16} {t_ref:12.2f} {t_np:9.2f} {t_ref / t_np:6.1f} {t_t:9.2f} {t_ref / t_t:6.1f}")
+        times = [best_of(lambda a=args, k=kernels: search(a, k), repeat) for args, kernels in runs]
+        print(f"{name:<16} {t_ref:12.2f}" + "".join(f" {t:9.2f} {t_ref / t:6.1f}" for t in times[:2])
+              + f" {times[2]:18.2f} {t_ref / times[2]:6.1f}")
 
 
 def growing_batches(seed: int = 1) -> list[np.ndarray]:

@@ -4,6 +4,12 @@ histogram state, as pure array functions with no Python loop over the quantile s
 The walk's candidates come from cumulative-sum arithmetic (:func:`_candidates`), their errors are evaluated
 in blocks (:func:`_errors`), and the stop is a vectorized first-rise search. The arithmetic is torch 2.13's
 float32 CPU arithmetic, in torch's order, so the range found is torch's.
+
+NumPy arrays and torch CPU tensors (through zero-copy NumPy views) run the same search with compiled
+kernels (numba, see ``_compiled.py``) for its loops over bins: the end-bound step counts
+(:func:`_end_steps`), and the errors, candidate by candidate up to the first rise; they take the first 32
+candidates first (:func:`_search_bins_compiled`). Each kernel computes the array code's operations in its
+order, bit for bit.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from . import _compiled
+from ._compiled import kernel, numpy_views
 from ._dtypes import QuantSpec
 from ._histogram import (
     _DST_BITS,
@@ -25,7 +33,14 @@ from ._histogram import (
     _float64_scope,
     _scalar,
 )
-from ._namespace import array_namespace, index_dtype, is_jax_namespace, is_numpy_namespace, is_torch_namespace, rounded
+from ._namespace import (
+    array_namespace,
+    index_dtype,
+    is_jax_namespace,
+    is_numpy_namespace,
+    is_torch_namespace,
+    rounded,
+)
 from ._qparams import QParams, calculate_qparams
 
 __all__ = ["histogram_qparams", "non_linear_param_search"]
@@ -124,9 +139,22 @@ def _sum32(v: Array, xp: Any) -> Array:
 
 def _cumsum32(v: Array, xp: Any) -> Array:
     """Running sums of a float32 vector as torch's CPU ``cumsum`` forms them: in float64, each rounded
-    to float32."""
+    to float32 (compiled for NumPy arrays)."""
+    if _compiled_on(xp):
+        out = np.empty(v.shape[0], np.float32)
+        _cumsum32_kernel(v, out)
+        return out
     with _float64_scope(xp):
         return xp.astype(xp.cumulative_sum(xp.astype(v, xp.float64)), xp.float32)
+
+
+@kernel()
+def _cumsum32_kernel(v, out):  # pragma: no cover (compiled)
+    """:func:`_cumsum32` of a NumPy array into ``out``: one float64 sum, left to right."""
+    acc = 0.0
+    for i in range(v.shape[0]):
+        acc += np.float64(v[i])
+        out[i] = np.float32(acc)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,7 +186,56 @@ def _walk_prefix(n: int) -> tuple[np.ndarray, np.ndarray]:
     return a, bmax
 
 
-def _candidates(cs: Array, total: Array, n: int, xp: Any):
+@functools.lru_cache(maxsize=1)
+def _padded_betas() -> np.ndarray:
+    """``beta_b``, then 6 times ``-inf`` (steps past the last one: thresholds no running sum reaches)."""
+    return np.concatenate([_walk_tables()[1], np.full(6, -np.inf)])
+
+
+def _end_steps(cs: Array, total: Array, xp: Any) -> Array:
+    """``bt_i = #{b : float32(beta_b * total) >= cs_i}``: bin ``i`` stays inside the end bound while ``b <
+    bt_i`` (``len(betas)`` everywhere when ``total`` is not ``> 0``). ``beta_b`` is within 1e-11 of ``1 - b *
+    1e-5``, so the count switches within 3 steps of ``(1 - cs_i / total) * 1e5``: only those 7 thresholds
+    are formed and compared (compiled for NumPy arrays, the same float64 and float32 operations)."""
+    betas = _padded_betas()
+    last_b = betas.shape[0] - 7
+    if _compiled_on(xp):
+        out = np.empty(cs.shape[0], np.int64)
+        _end_steps_kernel(cs, float(total), betas, last_b, out)
+        return out
+    idt = index_dtype(xp)
+    dev = _device(cs)
+    with _float64_scope(xp):
+        t64 = xp.astype(total, xp.float64)
+        c64 = xp.astype(cs, xp.float64)
+        est = xp.floor((1.0 - _div(c64, t64, xp)) * 1e5)
+        est = xp.where(xp.isfinite(est), est, xp.zeros_like(est))
+        base = xp.astype(xp.minimum(xp.maximum(est - 3.0, 0.0), float(last_b)), idt)
+        window = xp.reshape(base[None, :] + xp.arange(7, dtype=idt, device=dev)[:, None], (-1,))  # (7 * n,)
+        thr_b = xp.astype(xp.take(xp.asarray(betas, device=dev), window) * t64, xp.float32)
+    bt = base + xp.sum(xp.astype(xp.reshape(thr_b, (7, cs.shape[0])) >= cs[None, :], idt), axis=0)
+    return xp.where(total > 0, bt, xp.full_like(bt, last_b + 1))
+
+
+@kernel()
+def _end_steps_kernel(cs, total, betas, last_b, out):  # pragma: no cover (compiled)
+    """:func:`_end_steps` of a NumPy array (``total`` a Python float, ``betas`` the padded table)."""
+    for i in range(cs.shape[0]):
+        if not total > 0.0:
+            out[i] = last_b + 1
+            continue
+        est = np.floor((1.0 - np.float64(cs[i]) / total) * 1e5)
+        if not np.isfinite(est):
+            est = 0.0
+        base = np.int64(min(max(est - 3.0, 0.0), np.float64(last_b)))
+        count = 0
+        for j in range(7):
+            if np.float32(betas[base + j] * total) >= cs[i]:
+                count += 1
+        out[i] = base + count
+
+
+def _candidates(cs: Array, total: Array, n: int, xp: Any, *, limit: int | None = None):
     """The sequence of (start, end) bin pairs whose error torch's greedy loop evaluates, in order.
 
     torch's loop, at state (alpha, beta, start, end), moves ``start`` to the first bin whose cumulative
@@ -172,65 +249,53 @@ def _candidates(cs: Array, total: Array, n: int, xp: Any):
     end moves whenever ``J`` drops. The walk collapses when the bounds meet (the first such step is
     decided with torch's clamps) and ends when ``alpha >= beta``.
 
-    Returns ``(starts, ends, count)``: ``n`` candidates (the first ``count`` are real)."""
+    Returns ``(starts, ends, count)``: the first ``m = limit`` candidates (all ``n`` by default; the walk
+    has fewer), of which the first ``count`` are real. Candidate ``r < m`` follows at most ``r`` start
+    and ``r`` end steps, so the step tables need only ``a, b <= m + 1`` (their counts saturate at ``m + 1``,
+    past every rank asked for)."""
     idt = index_dtype(xp)
     dev = _device(cs)
-    alphas_np, betas_np = _walk_tables()
+    m = n if limit is None else limit
     a_np, bmax_np = _walk_prefix(n)
-    f32 = xp.float32
-    last_b = betas_np.shape[0] - 1
     with _float64_scope(xp):
         t64 = xp.astype(total, xp.float64)
-        thr_a = xp.astype(xp.asarray(a_np, device=dev) * t64, f32)  # (alpha * total) compared in float32
-        # end side: bin i stays inside while b < bt_i = #{b : float32(beta_b * total) >= cs_i}. beta_b is
-        # within 1e-11 of 1 - b * 1e-5, so the count switches within 3 steps of (1 - cs_i / total) * 1e5:
-        # only those 7 thresholds are formed and compared.
-        c64 = xp.astype(cs, xp.float64)
-        est = xp.floor((1.0 - _div(c64, t64, xp)) * 1e5)
-        est = xp.where(xp.isfinite(est), est, xp.zeros_like(est))
-        base = xp.astype(xp.clip(est - 3.0, 0.0, float(last_b)), idt)
-        window = xp.minimum(base[:, None] + xp.arange(7, dtype=idt, device=dev)[None, :], last_b)
-        betas = xp.asarray(betas_np, device=dev)
-        thr_b = xp.astype(xp.reshape(xp.take(betas, xp.reshape(window, (-1,))), window.shape) * t64, f32)
-    inside = (thr_b >= cs[:, None]) & (window - base[:, None] == xp.arange(7, dtype=idt, device=dev)[None, :])
-    bt = base + xp.sum(xp.astype(inside, idt), axis=1, dtype=idt)
-    bt = xp.where(total > 0, bt, xp.full_like(bt, last_b + 1))
-    k = xp.astype(xp.searchsorted(cs, thr_a, side="left"), idt)  # k(a), a in [0, n + 1]
+        thr_a = xp.astype(xp.asarray(a_np[: m + 2], device=dev) * t64, xp.float32)  # alpha * total, in float32
+    bt = _end_steps(cs, total, xp)
+    k = xp.astype(xp.searchsorted(cs, thr_a, side="left"), idt, copy=False)  # k(a), a in [0, m + 1]
     bt = xp.maximum(bt, xp.ones_like(bt))  # J(0) = n - 1 whatever the sums say; non-increasing in i
     neg_bt = -bt
 
     def end_after(b: Array) -> Array:  # J(b) = #{i : bt_i > b} - 1
-        return xp.astype(xp.searchsorted(neg_bt, -b, side="left"), idt) - 1
+        return xp.astype(xp.searchsorted(neg_bt, -b, side="left"), idt, copy=False) - 1
 
-    ar = xp.arange(n + 2, dtype=idt, device=dev)
+    ar = xp.arange(m + 2, dtype=idt, device=dev)
     j_b = end_after(ar)
-    dr = _cummin(j_b[:-1] - j_b[1:], xp)  # prefix minima over b in [0, n]
-    dl = _cummin(k[1:] - k[:-1], xp)  # over a in [0, n]
+    dr = _cummin(j_b[:-1] - j_b[1:], xp)  # prefix minima over b in [0, m]
+    dl = _cummin(k[1:] - k[:-1], xp)  # over a in [0, m]
     a_star = xp.sum(xp.astype(dl > 0, idt))
     b0 = xp.sum(xp.astype(dr > 0, idt))
     # merge positions: b steps before start step a; start steps before end step b (phase 1: b < b0)
-    nb = xp.astype(xp.searchsorted(-dr, -dl, side="right"), idt)  # #{b : dr'_b >= dl'_a}
+    nb = xp.astype(xp.searchsorted(-dr, -dl, side="right"), idt, copy=False)  # #{b : dr'_b >= dl'_a}
     big = xp.asarray(4 * n + 8, dtype=idt, device=dev)
-    rank_a = xp.where(ar[:-1] < a_star, ar[:-1] + nb, big)  # (n + 1,), increasing
+    rank_a = xp.where(ar[:-1] < a_star, ar[:-1] + nb, big)  # (m + 1,), increasing
     # end steps: one per run of equal bt (drop of J); ordinal q by increasing b = decreasing i
     first = xp.concat([xp.ones((1,), dtype=xp.bool, device=dev), bt[1:] != bt[:-1]])
     cf = xp.cumulative_sum(xp.astype(first, idt))
     n_end = cf[-1]
     # candidate r: a start step if some rank_a == r, else the (r - #start steps before r)-th end step
-    r = ar[:n]
-    ia = xp.astype(xp.searchsorted(rank_a, r, side="left"), idt)
-    is_a = xp.take(rank_a, xp.minimum(ia, n)) == r
+    r = ar[:m]
+    ia = xp.astype(xp.searchsorted(rank_a, r, side="left"), idt, copy=False)
+    is_a = xp.take(rank_a, xp.minimum(ia, m)) == r
     q = r - ia
-    i_end = xp.astype(xp.searchsorted(cf, n_end - q, side="left"), idt)
-    i_end = xp.clip(i_end, 0, n - 1)
-    b_end = xp.take(bt, i_end) - 1
-    y_end = xp.take(dr, xp.clip(b_end, 0, n))
-    a_end = xp.where(b_end < b0, xp.astype(xp.searchsorted(-dl, -y_end, side="left"), idt), a_star)
-    a_pre = xp.where(is_a, xp.minimum(ia, n), a_end)
-    b_pre = xp.where(is_a, xp.take(nb, xp.minimum(ia, n)), b_end)
+    i_end = xp.searchsorted(cf, n_end - q, side="left")  # >= 0
+    b_end = xp.take(bt, xp.minimum(i_end, n - 1)) - 1  # >= 0
+    y_end = xp.take(dr, xp.minimum(b_end, m))
+    a_end = xp.where(b_end < b0, xp.astype(xp.searchsorted(-dl, -y_end, side="left"), idt, copy=False), a_star)
+    a_pre = xp.where(is_a, xp.minimum(ia, m), a_end)  # <= m + 1
+    b_pre = xp.where(is_a, xp.take(nb, xp.minimum(ia, m)), b_end)
     s = xp.take(k, a_pre)
     e = end_after(b_pre)
-    k_next = xp.take(k, a_pre + 1)
+    k_next = xp.take(k, xp.minimum(a_pre + 1, m + 1))  # clipped only where no step exists
     j_next = end_after(b_pre + 1)
     # the step torch takes, with its clamps l <= end and r >= start (they only bind when the bounds meet)
     cap_r = j_next < s
@@ -286,18 +351,186 @@ def _errors(hist: Array, starts: Array, ends: Array, bin_width: Array, dst_nbins
     return xp.where(is_zero, xp.zeros_like(total), total)
 
 
+# the same arithmetic compiled (numba), for host-memory arrays
+
+
+@kernel()
+def _cascade_kernel(x, m):  # pragma: no cover (compiled)
+    """:func:`_cascade_last` of ``x[:m]`` (``x`` is overwritten): sums of 16, of 16 of those, ... (3
+    levels), then ``((l0 + l1) + l2) + l3`` over the levels' leftovers."""
+    zero = np.float32(0.0)
+    left = np.zeros(4, np.float32)
+    size = m
+    for level in range(3):
+        groups = size // 16
+        acc = zero
+        for j in range(16 * groups, size):
+            acc += x[j]
+        left[level] = acc
+        for g in range(groups):
+            acc = zero
+            for j in range(16 * g, 16 * g + 16):
+                acc += x[j]
+            x[g] = acc
+        size = groups
+    acc = zero
+    for j in range(size):
+        acc += x[j]
+    return ((left[0] + left[1]) + left[2]) + acc
+
+
+@kernel()
+def _sum32_kernel(v, scratch):  # pragma: no cover (compiled)
+    """:func:`_sum32` of a 1-D float32 array (torch's ``cascade_sum`` order); ``scratch`` holds at least
+    ``v.shape[0] // 32 + 1`` float32."""
+    n = v.shape[0]
+    lanes = 8 if n >= 8 else 1
+    nvec = n // lanes
+    ilp = nvec // 4
+    cols = 4 * lanes
+    part = np.empty(cols, np.float32)
+    for c in range(cols):  # column c of the (ilp, 4 * lanes) blocks
+        for j in range(ilp):
+            scratch[j] = v[j * cols + c]
+        part[c] = _cascade_kernel(scratch, ilp)
+    acc = part[:lanes].copy()
+    for t in range(4 * ilp, nvec):
+        for lane in range(lanes):
+            acc[lane] += v[t * lanes + lane]
+    for k in range(1, 4):
+        for lane in range(lanes):
+            acc[lane] += part[k * lanes + lane]
+    if lanes == 1:
+        return acc[0]
+    out = np.float32(0.0)
+    for i in range(nvec * lanes, n):
+        out += v[i]
+    for lane in range(lanes):
+        out += acc[lane]
+    return out
+
+
+@kernel()
+def _floor_div_kernel(a, b):  # pragma: no cover (compiled)
+    """:func:`_floor_div` of two float32 scalars."""
+    if np.isinf(a):
+        return np.float32(np.nan)
+    q = np.float32(np.floor(a / b))
+    if np.float64(q) * np.float64(b) > np.float64(a):
+        q -= np.float32(1.0)
+    return q
+
+
+@kernel()
+def _clip_kernel(x, top):  # pragma: no cover (compiled)
+    """``clip(x, 0, top)`` as NumPy's (NaN stays NaN)."""
+    if np.isnan(x):
+        return x
+    return min(max(x, np.float32(0.0)), top)
+
+
+@kernel()
+def _errors_kernel(hist, starts, ends, bin_width, dst_nbins, top, stop, out):  # pragma: no cover (compiled)
+    """:func:`_errors` for host arrays: the same float32 operations in the same order, each row summed
+    in :func:`_sum32`'s order, into ``out`` (float32). ``bin_width``, ``dst_nbins`` and ``top =
+    dst_nbins - 1`` are Python floats. Returns the index of the first error above the previous one
+    (``len(starts)`` if none); with ``stop``, the candidates after it are not evaluated (``out`` keeps
+    what it held there)."""
+    n = hist.shape[0]
+    w32 = np.float32(bin_width)
+    top = np.float32(top)
+    three, half_one, one = np.float32(3.0), np.float32(0.5), np.float32(1.0)
+    density = np.empty(n, np.float32)
+    for i in range(n):
+        density[i] = hist[i] / w32
+    row = np.empty(n, np.float32)
+    scratch = np.empty(n // 32 + 1, np.float32)
+    rise = starts.shape[0]
+    for c in range(starts.shape[0]):
+        s = starts[c]
+        dst64 = bin_width * np.float64(ends[c] - s + 1) / dst_nbins
+        out[c] = np.float32(0.0)
+        if dst64 != 0.0:
+            dst = np.float32(dst64)
+            half = np.float32(dst64 / 2.0)
+            neg_half = -half
+            half3 = half * half * half
+            neg_half3 = neg_half * neg_half * neg_half
+            inner = (half3 - neg_half3) / three
+            for i in range(n):
+                begin = np.float32(i - s) * w32
+                end = begin + w32
+                p = _clip_kernel(_floor_div_kernel(begin, dst), top)
+                q = _clip_kernel(_floor_div_kernel(end, dst), top)
+                d = density[i]
+                db = begin - (p + half_one) * dst
+                norm = d * ((half3 - db * db * db) / three)
+                norm = norm + ((q - p) - one) * (d * inner)
+                de = end - (q * dst + half)
+                row[i] = norm + d * ((de * de * de - neg_half3) / three)
+            out[c] = _sum32_kernel(row, scratch)
+        if c > 0 and out[c] > out[c - 1] and rise == starts.shape[0]:
+            rise = c
+            if stop:
+                break
+    return rise
+
+
+def _compiled_on(xp: Any) -> bool:
+    """Whether the search of NumPy arrays runs the compiled kernels."""
+    return _compiled.ENABLED and is_numpy_namespace(xp)
+
+
+def _errors_compiled(hist: Array, starts: Array, ends: Array, bin_width: Array, dst_nbins: int, *,
+                     stop: bool = False) -> tuple[np.ndarray, int]:
+    """:func:`_errors` of NumPy arrays through :func:`_errors_kernel`: ``(errors, first_rise)``; with
+    ``stop``, the errors after the first rise are not evaluated (left 0)."""
+    out = np.zeros(starts.shape[0], np.float32)
+    rise = _errors_kernel(hist, starts, ends, float(bin_width), float(dst_nbins), float(dst_nbins - 1), stop, out)
+    return out, rise
+
+
+_FIRST_CANDIDATES = 32  # torch's loop usually stops within its first 32 candidates
+
+
+def _search_bins_compiled(hist: Array, min_val: Array, max_val: Array, dst_nbins: int, xp: Any) -> tuple[Array, Array]:
+    """:func:`_search_bins` of NumPy arrays: the first 32 candidates, their errors (compiled) up to the
+    first rise; all candidates only when the walk goes on past them without a rise."""
+    n = hist.shape[0]
+    bin_width = (float(max_val) - float(min_val)) / n  # float64, as the array code
+    cs = _cumsum32(hist, xp)
+    total = np.asarray(_sum32_kernel(hist, np.empty(n // 32 + 1, np.float32)))
+    first = min(n, _FIRST_CANDIDATES)
+    starts, ends, count = _candidates(cs, total, n, xp, limit=first)
+    count = int(count)
+    _, rise = _errors_compiled(hist, starts[:count], ends[:count], bin_width, dst_nbins, stop=True)
+    if rise == count == first < n:
+        starts, ends, count = _candidates(cs, total, n, xp)
+        count = int(count)
+        _, rise = _errors_compiled(hist, starts[first - 1:count], ends[first - 1:count], bin_width, dst_nbins,
+                                   stop=True)  # fmt: skip
+        rise += first - 1
+    # torch keeps the candidate before the first rise, else the last one, else (0, n - 1)
+    chosen = rise - 1 if rise < count else count - 1
+    if chosen < 0:
+        return np.asarray(0), np.asarray(n - 1)
+    return np.asarray(starts[chosen]), np.asarray(ends[chosen])
+
+
 def _block_rows(n: int) -> int:
     return max(1, min(n, (1 << 20) // n))
 
 
 def _search_bins(hist: Array, min_val: Array, max_val: Array, dst_nbins: int, xp: Any) -> tuple[Array, Array]:
     """(start_bin, end_bin) torch's ``_non_linear_param_search`` ends with, as 0-d index arrays."""
+    if _compiled_on(xp):
+        return _search_bins_compiled(hist, min_val, max_val, dst_nbins, xp)
     n = hist.shape[0]
+    with _float64_scope(xp):
+        bin_width = _div(xp.astype(max_val, xp.float64) - xp.astype(min_val, xp.float64), float(n), xp)
     cs = _cumsum32(hist, xp)
     total = _sum32(hist, xp)
     starts, ends, count = _candidates(cs, total, n, xp)
-    with _float64_scope(xp):
-        bin_width = _div(xp.astype(max_val, xp.float64) - xp.astype(min_val, xp.float64), float(n), xp)
     rows = _block_rows(n)
     dev = _device(hist)
     if is_jax_namespace(xp):  # possibly traced: evaluate every candidate, no host sync
@@ -351,20 +584,29 @@ def non_linear_param_search(
     xp = array_namespace(histogram, min_val, max_val, xp=xp)
     if histogram.ndim != 1 or histogram.shape[0] < 1:
         raise ValueError(f"histogram must have shape (bins,) with bins >= 1, got shape {tuple(histogram.shape)}")
-    n = _check_bins(histogram.shape[0], name="histogram.shape[0]")
+    _check_bins(histogram.shape[0], name="histogram.shape[0]")
     for name, arr in (("min_val", min_val), ("max_val", max_val)):
         if arr.ndim != 0:
             raise ValueError(f"{name} must be 0-d, got shape {tuple(arr.shape)}")
     if isinstance(dst_nbins, bool) or not isinstance(dst_nbins, (int, np.integer)) or dst_nbins < 1:
         raise ValueError(f"dst_nbins={dst_nbins!r} must be an int >= 1")
     with np.errstate(all="ignore"):
-        hist = xp.astype(histogram, xp.float32)
-        lo = xp.astype(min_val, xp.float32)
-        hi = xp.astype(max_val, xp.float32)
-        start, end = _search_bins(hist, lo, hi, int(dst_nbins), xp)
-        width = _div(hi - lo, float(n), xp)
-        new_min = lo + rounded(width * xp.astype(start, xp.float32), xp)
-        return new_min, lo + rounded(width * xp.astype(end + 1, xp.float32), xp)
+        hist = xp.astype(histogram, xp.float32, copy=False)
+        lo = xp.astype(min_val, xp.float32, copy=False)
+        hi = xp.astype(max_val, xp.float32, copy=False)
+        views = numpy_views(xp, hist, lo, hi)
+        if views is not None:  # torch CPU tensors: the NumPy search on their views, results as tensors
+            new = _search_range(*views, int(dst_nbins), array_namespace(views[0]))
+            return tuple(xp.asarray(v, device=_device(hist)) for v in new)
+        return _search_range(hist, lo, hi, int(dst_nbins), xp)
+
+
+def _search_range(hist: Array, lo: Array, hi: Array, dst_nbins: int, xp: Any) -> tuple[Array, Array]:
+    """``(lo + w * start, lo + w * (end + 1))`` for the bins :func:`_search_bins` finds, ``w = (hi - lo) / n``."""
+    start, end = _search_bins(hist, lo, hi, dst_nbins, xp)
+    width = _div(hi - lo, float(hist.shape[0]), xp)
+    new_min = lo + rounded(width * xp.astype(start, xp.float32), xp)
+    return new_min, lo + rounded(width * xp.astype(end + 1, xp.float32), xp)
 
 
 def histogram_qparams(state: HistogramState, /, spec: QuantSpec, *, xp: Any = None) -> QParams:

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import observers_core as oc
+from observers_core import _compiled
 from _torch_histogram_reference import make_observer, torch_combine, torch_error, torch_qparams, torch_search
 from conftest import Backend, make_backend, to_numpy
 
@@ -488,6 +489,21 @@ def _search_cases():
     return cases
 
 
+@pytest.fixture(params=[True, False], ids=["kernels-on", "kernels-off"])
+def kernels(request, monkeypatch):
+    """Runs a search test with the compiled kernels switched on (NumPy arrays and torch CPU tensors take
+    them) and off (the array-API code, as on every other backend)."""
+    if request.param and not _compiled.AVAILABLE:
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(_compiled, "ENABLED", request.param)
+    return request.param
+
+
+def _host_only(backend, kernels):
+    if kernels and backend.name not in ("numpy", "torch"):
+        pytest.skip("the compiled kernels take NumPy arrays and torch CPU tensors only")
+
+
 def _check_search(backend, cases, search):
     differ = []
     for i, (hist, lo, hi, expected) in enumerate(cases):
@@ -520,7 +536,7 @@ def test_fast_oracle_is_torch():
 
 
 @pytest.mark.parametrize("backend", [Backend.NUMPY, Backend.TORCH], indirect=True, ids=["numpy", "torch"])
-def test_search_matches_torch_on_1000_histograms(backend):
+def test_search_matches_torch_on_1000_histograms(backend, kernels):
     search = functools.partial(oc.non_linear_param_search, dst_nbins=256)
     assert _check_search(backend, _search_cases(), search) == []
 
@@ -543,8 +559,9 @@ def test_search_matches_torch_jax_jit():
 
 
 @pytest.mark.parametrize("dst_nbins", [16, 65536, 2**32])
-def test_search_other_destination_sizes(xp, backend, dst_nbins):
+def test_search_other_destination_sizes(xp, backend, dst_nbins, kernels):
     _no_eager_jax(backend)
+    _host_only(backend, kernels)
     for hist, lo, hi, _ in _search_cases()[:40]:
         expected = torch_search(hist, lo, hi, dst_nbins=dst_nbins)
         got = oc.non_linear_param_search(backend.asarray(hist), backend.asarray(np.asarray(lo)),
@@ -552,9 +569,10 @@ def test_search_other_destination_sizes(xp, backend, dst_nbins):
         assert (float(to_numpy(got[0])), float(to_numpy(got[1]))) == expected
 
 
-def test_search_degenerate_histograms(xp, backend):
+def test_search_degenerate_histograms(xp, backend, kernels):
     """All-zero histogram, a single non-empty bin, one bin, zero range: torch's result every time."""
     _no_eager_jax(backend)
+    _host_only(backend, kernels)
     cases = [(np.zeros(16, F32), -1.0, 1.0), (np.eye(1, 32, 7, dtype=F32)[0] * 5, -2.0, 6.0),
              (np.array([3.0], F32), 0.5, 2.5), (np.eye(1, 8, 4, dtype=F32)[0] * 9, 2.0, 2.0),
              (np.full(5, 1e30, F32), -1e-3, 1e-3)]  # fmt: skip
@@ -563,3 +581,26 @@ def test_search_degenerate_histograms(xp, backend):
         got = oc.non_linear_param_search(backend.asarray(hist), backend.asarray(np.asarray(lo, F32)),
                                          backend.asarray(np.asarray(hi, F32)), dst_nbins=256)  # fmt: skip
         assert (float(to_numpy(got[0])), float(to_numpy(got[1]))) == expected, (hist, lo, hi)
+
+
+def _long_walks():
+    """A 4-bin peak over flat tails worth ``f * 1e-5`` of the total per bin: with few destination bins the
+    error keeps falling for tens to hundreds of candidates (torch's loop, and the compiled search past its
+    first block of 32)."""
+    cases = []
+    for n, f, dst_nbins in ((2048, 0.3, 16), (2048, 1.0, 16), (300, 1.0, 4), (2048, 1.0, 4), (2048, 2.0, 2)):
+        hist = np.zeros(n, F32)
+        hist[n // 2 - 2: n // 2 + 2] = 1e6
+        hist[hist == 0] = F32(f * 1e-5 * 4e6)
+        cases.append((hist, F32(-1), F32(1), dst_nbins))
+    return cases
+
+
+@pytest.mark.parametrize("backend", [Backend.NUMPY, Backend.TORCH], indirect=True, ids=["numpy", "torch"])
+def test_search_long_walks(backend, kernels):
+    """Walks whose error falls for more than 32 candidates: torch's result."""
+    for hist, lo, hi, dst_nbins in _long_walks():
+        expected = torch_search(hist, lo, hi, dst_nbins=dst_nbins)
+        got = oc.non_linear_param_search(backend.asarray(hist), backend.asarray(np.asarray(lo)),
+                                         backend.asarray(np.asarray(hi)), dst_nbins=dst_nbins)  # fmt: skip
+        assert (float(to_numpy(got[0])), float(to_numpy(got[1]))) == expected, (hist.shape, dst_nbins)
