@@ -2,8 +2,9 @@
 histogram state, as pure array functions with no Python loop over the quantile steps.
 
 The walk's candidates come from cumulative-sum arithmetic (:func:`_candidates`), their errors are evaluated
-in blocks (:func:`_errors`), and the stop is a vectorized first-rise search. The arithmetic is torch 2.13's
-float32 CPU arithmetic, in torch's order, so the range found is torch's.
+in blocks until one rises (:func:`_errors`; on JAX in a ``lax.while_loop``, :func:`_jax_errors`), and the
+stop is a vectorized first-rise search. The arithmetic is torch 2.13's float32 CPU arithmetic, in
+torch's order, so the range found is torch's.
 
 NumPy arrays and torch CPU tensors (through zero-copy NumPy views) run the same search with compiled
 kernels (numba, see ``_compiled.py``) for its loops over bins: the end-bound step counts
@@ -517,6 +518,41 @@ def _search_bins_compiled(hist: Array, min_val: Array, max_val: Array, dst_nbins
     return np.asarray(starts[chosen]), np.asarray(ends[chosen])
 
 
+_JAX_BLOCK = 16
+
+
+def _jax_errors(hist: Array, starts: Array, ends: Array, count: Array, bin_width: Array, dst_nbins: int,
+                xp: Any) -> tuple[Array, Array]:
+    """``(errors, evaluated)`` on JAX, under ``jit``: blocks of 16 candidates in a ``lax.while_loop`` that
+    ends after the block where the error first rises or the real candidates run out (errors past the
+    evaluated ones are 0)."""
+    import jax  # only reached with jax arrays
+
+    n = starts.shape[0]
+    blocks = -(-n // _JAX_BLOCK)
+    pad = blocks * _JAX_BLOCK - n
+    starts = xp.concat([starts, xp.zeros((pad,), dtype=starts.dtype)])
+    ends = xp.concat([ends, xp.zeros((pad,), dtype=ends.dtype) + (n - 1)])
+
+    def more(state):
+        i, _, rose = state
+        return (i < blocks) & (i * _JAX_BLOCK < count) & ~rose
+
+    def block(state):
+        i, errs, _ = state
+        at = i * _JAX_BLOCK
+        s = jax.lax.dynamic_slice(starts, (at,), (_JAX_BLOCK,))
+        e = jax.lax.dynamic_slice(ends, (at,), (_JAX_BLOCK,))
+        new = _errors(hist, s, e, bin_width, dst_nbins, xp)
+        prev = jax.lax.dynamic_slice(errs, (xp.maximum(at - 1, 0),), (1,))  # the previous block's last
+        seq = xp.concat([xp.where(at > 0, prev, new[:1]), new])
+        return i + 1, jax.lax.dynamic_update_slice(errs, new, (at,)), xp.any(seq[1:] > seq[:-1])
+
+    start = (xp.asarray(0, dtype=count.dtype), xp.zeros((blocks * _JAX_BLOCK,), dtype=xp.float32), xp.asarray(False))
+    i, errs, _ = jax.lax.while_loop(more, block, start)
+    return errs[:n], xp.minimum(i * _JAX_BLOCK, count)
+
+
 def _block_rows(n: int) -> int:
     return max(1, min(n, (1 << 20) // n))
 
@@ -533,10 +569,8 @@ def _search_bins(hist: Array, min_val: Array, max_val: Array, dst_nbins: int, xp
     starts, ends, count = _candidates(cs, total, n, xp)
     rows = _block_rows(n)
     dev = _device(hist)
-    if is_jax_namespace(xp):  # possibly traced: evaluate every candidate, no host sync
-        errs = xp.concat([_errors(hist, starts[i:i + rows], ends[i:i + rows], bin_width, dst_nbins, xp)
-                          for i in range(0, n, rows)])  # fmt: skip
-        evaluated = count
+    if is_jax_namespace(xp):  # possibly traced: blocks in a while_loop up to the first rise, no host sync
+        errs, evaluated = _jax_errors(hist, starts, ends, count, bin_width, dst_nbins, xp)
     else:  # eager: blocks of growing size until the error rises (one host read per block)
         count_host = int(count)
         blocks, done, block = [], 0, min(4, rows)

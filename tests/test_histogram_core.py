@@ -604,3 +604,17 @@ def test_search_long_walks(backend, kernels):
         got = oc.non_linear_param_search(backend.asarray(hist), backend.asarray(np.asarray(lo)),
                                          backend.asarray(np.asarray(hi)), dst_nbins=dst_nbins)  # fmt: skip
         assert (float(to_numpy(got[0])), float(to_numpy(got[1]))) == expected, (hist.shape, dst_nbins)
+
+
+def test_search_long_walks_jax_jit():
+    """The jitted search's while_loop over blocks of candidates goes on past many blocks."""
+    pytest.importorskip("jax")
+    import jax
+
+    backend = make_backend(Backend.JAX)
+    cases = _long_walks()
+    for hist, lo, hi, dst_nbins in (cases[1], cases[2]):  # 2048 bins to 16 levels, 300 bins to 4 levels
+        search = jax.jit(functools.partial(oc.non_linear_param_search, dst_nbins=dst_nbins))
+        got = search(backend.asarray(hist), backend.asarray(np.asarray(lo)), backend.asarray(np.asarray(hi)))
+        expected = torch_search(hist, lo, hi, dst_nbins=dst_nbins)
+        assert (float(to_numpy(got[0])), float(to_numpy(got[1]))) == expected, (hist.shape, dst_nbins)
