@@ -43,7 +43,7 @@ from observers_core._histogram import (
     _check_bins,
     _check_upsample_rate,
     histogram,
-    histogram_update,
+    histogram_update_counting,
 )
 from observers_core._l2_search import non_linear_param_search
 
@@ -155,17 +155,6 @@ class HistogramObserver(UniformQuantizationObserverBase):
         for name, value in zip(("histogram", "min_val", "max_val"), state):
             buffers[name].copy_(value)
 
-    def _warn_nonfinite(self, x: torch.Tensor) -> None:
-        """torch's warning for +/-inf (and ours for NaN): one host read of ``aminmax(x)``."""
-        if not x.dtype.is_floating_point:
-            return
-        lo, hi = torch.aminmax(x)
-        lo, hi = torch.stack((lo, hi)).tolist()
-        if math.isnan(lo) or math.isnan(hi):
-            warnings.warn(_NAN_WARNING, stacklevel=3)
-        elif lo == -_INF or hi == _INF:
-            warnings.warn(_INF_WARNING, stacklevel=3)
-
     # -- observe -------------------------------------------------------------------------------------
     def forward(self, x_orig):
         r"""Adds ``x`` to the running histogram (see the class docstring); returns ``x`` itself. Empty
@@ -174,12 +163,15 @@ class HistogramObserver(UniformQuantizationObserverBase):
         x = _checked_input(x_orig, hist)
         if x.numel() == 0:
             return x_orig
-        state = self._state()
-        if not self.ignore_nonfinite:
-            self._warn_nonfinite(x)
-        new = histogram_update(
-            state, x, upsample_rate=self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite, xp=_NS
+        new, nonfinite = histogram_update_counting(
+            self._state(), x, upsample_rate=self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite, xp=_NS
         )
+        if not self.ignore_nonfinite:  # torch's warning for +/-inf, ours for NaN (counted while binning)
+            infs, nans = nonfinite.tolist()
+            if nans:
+                warnings.warn(_NAN_WARNING, stacklevel=2)
+            elif infs:
+                warnings.warn(_INF_WARNING, stacklevel=2)
         self._store(new)
         return x_orig
 

@@ -10,9 +10,12 @@ Cases:
   forward case, and a heavy-tailed one (Laplace with outliers). Goal on CPU: >= 5x faster; on CUDA
   (when a GPU exists) >= 100x.
 
-Timings are medians of interleaved repeats (see ``_timing.py``). On CPU both run with torch's default
-threads and with one thread: on a busy machine every parallel op may wait a scheduler slice for its
-second thread, which penalises many small ops (ours) far more than one fused kernel (``torch.histc``).
+Timings are medians of interleaved repeats (see ``_timing.py``); a ``calculate_qparams`` repeat times
+10 calls back to back (per-call time, warm caches for both). On CPU both run with torch's default
+threads and with one thread. With several threads, each of torch.ao's parallel ops leaves torch's
+OpenMP threads spinning for a while, and ours starts right after one: its counting threads share the
+cores with them (they take slices of the batch in turn, so ours degrades to its one-thread time at
+worst), as they would after the layers of a model in a calibration run.
 
 Usage: ``python benchmarks/bench_histogram_observer.py [--repeats 7] [--no-subprocesses]``
 """
@@ -79,7 +82,7 @@ def bench_torch(repeats: int, device: str) -> list[tuple[str, float, float]]:
         expected, got = theirs.calculate_qparams(), mine.calculate_qparams()
         same = all(torch.equal(a, b) for a, b in zip(expected, got))
         t = time_interleaved({"torch.ao": theirs.calculate_qparams, "ours": mine.calculate_qparams},
-                             repeats=repeats, warmup=1, sync=sync)  # fmt: skip
+                             repeats=repeats, warmup=1, number=10, sync=sync)  # fmt: skip
         rows.append((f"calculate_qparams, {label} ({'same qparams' if same else 'QPARAMS DIFFER'})",
                      t["torch.ao"].median, t["ours"].median))  # fmt: skip
     return rows

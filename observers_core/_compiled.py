@@ -15,6 +15,7 @@ tests switch it to check both paths), the array-API code runs.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
@@ -98,16 +99,15 @@ def host_scalar(x: Array) -> np.generic:
     return (x.numpy() if hasattr(x, "numpy") and not isinstance(x, np.ndarray) else np.asarray(x))[()]
 
 
-def threads(xp: Any, n: int, *, grain: int = 1 << 17) -> int:
-    """How many parts :func:`split_sum` cuts ``n`` elements into: torch's intra-op thread count for torch
-    tensors (``torch.set_num_threads`` is honoured), the CPUs this process may use otherwise; at least ``grain`` elements
-    a part."""
-    if is_torch_namespace(xp):
-        import torch  # only reached with torch tensors
-
-        workers = torch.get_num_threads()
-    else:
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def threads(n: int, *, grain: int = 1 << 16) -> int:
+    """How many threads :func:`split_sum` may use on ``n`` elements: the CPUs this process may use,
+    capped by ``torch.get_num_threads()`` when torch is loaded (``torch.set_num_threads`` is the one knob
+    of a process that uses torch, whether the data comes as tensors or arrays); at most one per ``grain``
+    elements."""
+    workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        workers = min(workers, torch.get_num_threads())
     return max(1, min(workers, n // grain))
 
 
@@ -115,19 +115,29 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
-def split_sum(fn: Callable, x: np.ndarray, parts: int, *args: Any) -> np.ndarray:
-    """``fn(x, *args)`` for a kernel whose result adds up over slices of ``x`` (counts): ``x`` cut into
-    ``parts`` contiguous slices run on as many threads (the kernels release the GIL), results summed.
-    Plain Python threads: they do not spin between calls, so they leave torch's OpenMP pool alone."""
+def split_sum(fn: Callable, x: np.ndarray, workers: int, *args: Any, chunk: int = 1 << 16) -> np.ndarray:
+    """``fn(x, *args)`` for a kernel whose result adds up over slices of ``x`` (counts), on up to
+    ``workers`` threads (the kernels release the GIL): the calling thread and ``workers - 1`` pool threads
+    take ``chunk``-element slices in turn until none is left, and the partial results are summed.
+
+    Slices are claimed, not assigned: a pool thread that gets no CPU (torch's OpenMP threads spin for
+    milliseconds after each parallel op) leaves its share to the others instead of holding up the
+    result, so the worst case is the one-thread time. Plain Python threads: they sleep between calls."""
     global _pool
-    if parts <= 1:
+    if workers <= 1 or x.shape[0] <= chunk:
         return fn(x, *args)
     with _pool_lock:
-        if _pool is None or _pool._max_workers < parts:
-            _pool = ThreadPoolExecutor(max_workers=parts, thread_name_prefix="observers_core")
-    step = -(-x.shape[0] // parts)
-    futures = [_pool.submit(fn, x[i:i + step], *args) for i in range(step, x.shape[0], step)]
-    total = fn(x[:step], *args)
-    for future in futures:
-        total += future.result()
-    return total
+        if _pool is None or _pool._max_workers < workers - 1:
+            _pool = ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="observers_core")
+    starts = iter(range(0, x.shape[0], chunk))  # next() on it is atomic under the GIL
+
+    def work() -> np.ndarray | None:
+        total = None
+        for start in starts:
+            part = fn(x[start:start + chunk], *args)
+            total = part if total is None else total + part
+        return total
+
+    helpers = [_pool.submit(work) for _ in range(workers - 1)]
+    parts = [work()] + [helper.result() for helper in helpers if not helper.cancel()]  # cancelled: never started
+    return sum(part for part in parts if part is not None)

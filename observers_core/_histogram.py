@@ -40,6 +40,7 @@ __all__ = [
     "histogram_init",
     "histogram_merge",
     "histogram_update",
+    "histogram_update_counting",
 ]
 
 Array = Any
@@ -242,21 +243,22 @@ _CHUNK = 4096  # the compiled kernel bins this many values (vectorized), then co
 @kernel()
 def _counts_kernel(x, lo, hi, lo_half, half, num, den, bins, bounded):  # pragma: no cover (compiled)
     """:func:`_counts` for host memory: the same float32 operations per element, ``_CHUNK`` values at a
-    time binned branch-free (so it vectorizes), then counted."""
+    time binned branch-free (so it vectorizes: the slice keeps indices non-negative, which numba needs
+    to drop its wraparound checks), then counted."""
     zero, nan_bin, out_bin = x.dtype.type(0), x.dtype.type(bins + 1), x.dtype.type(bins + 2)
     counts = np.zeros(bins + 3, dtype=np.int64)
     idx = np.empty(_CHUNK, dtype=np.int32)
     for start in range(0, x.shape[0], _CHUNK):
-        m = min(_CHUNK, x.shape[0] - start)
-        for j in range(m):
-            v = x[start + j]
+        chunk = x[start:start + _CHUNK]
+        for j in range(chunk.shape[0]):
+            v = chunk[j]
             pos = (v * half - lo_half) * num / den
             b = zero if pos <= zero else pos
             b = out_bin if b >= out_bin else b
             b = out_bin if pos - pos != zero else b  # +/-inf (and NaN, next line)
             b = out_bin if bounded and not (lo <= v <= hi) else b
             idx[j] = np.int32(nan_bin if pos != pos else b)
-        for j in range(m):
+        for j in range(chunk.shape[0]):
             counts[idx[j]] += 1
     return counts
 
@@ -279,7 +281,7 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
     host = host_view(xf, xp)
     if host is not None:
         bounds = (host_scalar(v) for v in (lo, hi, lo_half, half, num, den))
-        return xp.asarray(split_sum(_counts_kernel, host, threads(xp, host.shape[0]), *bounds, bins, bounded))
+        return xp.asarray(split_sum(_counts_kernel, host, threads(host.shape[0]), *bounds, bins, bounded))
     pos = _div((xf * half - lo_half) * num, den, xp)
     pos = xp.where(xp.isnan(pos), nan_bin, xp.where(xp.isfinite(pos), xp.clip(pos, 0.0, out_bin), out_bin))
     if bounded:
@@ -289,7 +291,7 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
 
 def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[Array, Array],
            bounded: bool = True) -> tuple[Array, Array]:  # fmt: skip
-    """``(float counts, number of NaN)`` of ``xf`` (1-D float) in ``bins`` equal bins over ``[lo, hi]``
+    """``(float counts, number of NaN, number of the rest not counted)`` of ``xf`` (1-D float) in ``bins`` equal bins over ``[lo, hi]``
     (0-d, ``xf.dtype``), exactly as ``torch.histc``: the value ``hi`` in the last bin; NaN, +/-inf and
     values outside ``[lo, hi]`` not counted; ``data`` is the range of the finite values of ``xf`` (used
     when ``lo == hi``). ``bounded=False`` when every finite value is known to lie in ``[lo, hi]``.
@@ -302,7 +304,7 @@ def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[A
     last = xp.reshape(c[bins - 1] + c[bins], (1,))
     counts = xp.concat([c[: bins - 1], last])
     counts = xp.where(ok, counts, xp.zeros_like(counts))
-    return xp.astype(counts, xf.dtype), c[bins + 1]
+    return xp.astype(counts, xf.dtype), c[bins + 1], c[bins + 2]
 
 
 def histogram(x: Array, /, *, bins: int, lo: Any, hi: Any, xp: Any = None) -> Array:
@@ -495,41 +497,58 @@ def histogram_update(
       holds ``min_val = max_val = NaN`` and the previous histogram (torch raises; adapters check
       ``isnan(state.min_val)`` and raise, the previous state being still theirs).
     """
+    return histogram_update_counting(state, x, upsample_rate=upsample_rate, ignore_nonfinite=ignore_nonfinite,
+                                     xp=xp)[0]  # fmt: skip
+
+
+def histogram_update_counting(
+    state: HistogramState,
+    x: Array,
+    /,
+    *,
+    upsample_rate: int = 16,
+    ignore_nonfinite: bool = False,
+    xp: Any = None,
+) -> tuple[HistogramState, Array]:
+    """:func:`histogram_update`, plus ``[number of +/-inf, number of NaN]`` in ``x`` (1-D integer array),
+    counted while binning: what an adapter needs for torch's warnings without another pass over ``x``."""
     bins = _check_state(state)
     up = _check_upsample_rate(upsample_rate)
     xp = array_namespace(state.histogram, xp=xp)
     check_real(x, xp)
     if size(x) == 0:
-        return state
+        return state, xp.zeros(2, dtype=index_dtype(xp), device=_device(state.histogram))
     views = numpy_views(xp, *state, x)
     if views is not None:  # torch CPU: run as NumPy, hand torch tensors back
         import torch  # only reached with torch tensors
 
-        out = histogram_update(HistogramState(*views[:3]), views[3], upsample_rate=up,
-                               ignore_nonfinite=ignore_nonfinite, xp=_numpy_namespace())  # fmt: skip
-        return HistogramState(*(torch.from_numpy(np.asarray(a)) for a in out))
+        out, nonfinite = histogram_update_counting(HistogramState(*views[:3]), views[3], upsample_rate=up,
+                                                   ignore_nonfinite=ignore_nonfinite, xp=_numpy_namespace())  # fmt: skip
+        return HistogramState(*(torch.from_numpy(np.asarray(a)) for a in out)), torch.from_numpy(nonfinite)
     with np.errstate(all="ignore"):
         xf = xp.astype(xp.reshape(x, (-1,)), xp.float32, copy=False)
         x_lo, x_hi = _finite_range(xf, xp)
-        fresh = (state.min_val == INF) | (state.max_val == -INF)
+        poisoned = xp.isnan(state.min_val) | xp.isnan(state.max_val)  # kept as is; x binned for its counts
+        fresh = (state.min_val == INF) | (state.max_val == -INF) | poisoned
         new_min = xp.where(fresh, x_lo, xp.minimum(state.min_val, x_lo))
         new_max = xp.where(fresh, x_hi, xp.maximum(state.max_val, x_hi))
-        # every finite value lies in [new_min, new_max]: no bounds check needed
-        batch, nans = _histc(xf, bins, new_min, new_max, xp, data=(x_lo, x_hi), bounded=False)
+        # every finite value lies in [new_min, new_max]: no bounds check needed, so the counts' last
+        # entry holds the +/-inf
+        batch, nans, infs = _histc(xf, bins, new_min, new_max, xp, data=(x_lo, x_hi), bounded=False)
         hist = batch + _to_range(state, new_min, new_max, up, xp)
         seen = x_lo <= x_hi
         hist = xp.where(seen, hist, state.histogram)
         new_min = xp.where(seen, new_min, state.min_val)
         new_max = xp.where(seen, new_max, state.max_val)
-        poisoned = xp.isnan(state.min_val) | xp.isnan(state.max_val)
         if not ignore_nonfinite:
             poisoned = poisoned | (nans > 0)
         nan = _scalar(float("nan"), new_min, xp)
-        return HistogramState(
+        new = HistogramState(
             xp.where(poisoned, state.histogram, hist),
             xp.where(poisoned, nan, new_min),
             xp.where(poisoned, nan, new_max),
         )
+        return new, xp.stack([infs, nans])
 
 
 def histogram_merge(a: HistogramState, b: HistogramState, /, *, upsample_rate: int = 16, xp: Any = None) -> HistogramState:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -79,7 +81,7 @@ def test_counts_kernel_equals_array_api(xp, bounded, lo, hi):
 
 @pytest.mark.parametrize("xp", HOSTS)
 def test_counts_kernel_splits_over_threads_like_one_pass(xp):
-    """Above 2**17 values a part, the count is split over threads; the sum of the parts is the count."""
+    """Above 2**16 values, the count is split in slices over threads; the sum of the parts is the count."""
     x = _as(xp, np.random.default_rng(0).standard_normal(1_000_003).astype(F32))
     b = [_as(xp, np.asarray(F32(v))) for v in (-4.0, 4.0)]
     threads = torch.get_num_threads()
@@ -88,12 +90,27 @@ def test_counts_kernel_splits_over_threads_like_one_pass(xp):
         host = x.numpy() if xp is xt else x
         args = [_compiled.host_scalar(v) for v in (b[0], b[1], b[0], F32(1), F32(2048), F32(8))]
         whole = H._counts_kernel(host, *args, 2048, True)
-        split = _compiled.split_sum(H._counts_kernel, host, 3, *args, 2048, True)
-        np.testing.assert_array_equal(whole, split)
+        for workers, chunk in ((3, 1 << 16), (2, 4099), (8, 1 << 17)):
+            split = _compiled.split_sum(H._counts_kernel, host, workers, *args, 2048, True, chunk=chunk)
+            np.testing.assert_array_equal(whole, split, err_msg=f"workers={workers} chunk={chunk}")
         compiled, portable = _both_paths(lambda: H._counts(x, 2048, *b, xp, bounded=False))
         np.testing.assert_array_equal(np.asarray(compiled), np.asarray(portable))
     finally:
         torch.set_num_threads(threads)
+
+
+def test_threads_follow_torch_and_the_grain():
+    """torch.set_num_threads caps the kernels' threads (torch is loaded here); small inputs get one."""
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert _compiled.threads(1 << 24) == 1
+        torch.set_num_threads(64)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        assert _compiled.threads(1 << 24) == min(cpus, 64)
+        assert _compiled.threads((1 << 16) - 1) == 1
+    finally:
+        torch.set_num_threads(saved)
 
 
 @pytest.mark.parametrize("xp", HOSTS)

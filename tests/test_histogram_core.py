@@ -409,6 +409,33 @@ def test_update_nan(xp, backend):
     _assert_state(dropped, expected[1], "ignore_nonfinite")
 
 
+@pytest.mark.parametrize("kernels_on", [True, False], ids=["kernels-on", "kernels-off"])
+def test_update_counting_counts_inf_and_nan(xp, backend, kernels_on, monkeypatch):
+    """``histogram_update_counting`` returns the state of ``histogram_update`` and ``[#inf, #NaN]`` of the
+    batch (large batches too, counted on several threads), whatever the range does."""
+    if kernels_on and (backend.name not in ("numpy", "torch") or not _compiled.AVAILABLE):
+        pytest.skip("the compiled kernels take NumPy arrays and torch CPU tensors only")
+    _no_eager_jax(backend)
+    monkeypatch.setattr(_compiled, "ENABLED", kernels_on)
+    rng = np.random.default_rng(13)
+    big = rng.normal(size=300_001).astype(F32)
+    big[rng.integers(0, big.size, 37)] = np.inf
+    big[rng.integers(0, big.size, 5)] = -np.inf
+    batches = [rng.normal(size=100).astype(F32), np.array([np.inf, -np.inf, 1e30], F32), big,
+               np.array([np.nan, 2.0, np.inf], F32), np.zeros(0, F32), np.arange(7, dtype=np.int32)]  # fmt: skip
+    for ignore in (False, True):
+        state = oc.histogram_init(bins=64, xp=xp, device=backend.device)
+        for i, x in enumerate(batches):
+            expected = oc.histogram_update(state, backend.asarray(x), ignore_nonfinite=ignore)
+            state, nonfinite = oc.histogram_update_counting(state, backend.asarray(x), ignore_nonfinite=ignore)
+            where = f"batch {i} ignore_nonfinite={ignore}"
+            for got, want_array in zip(state, expected):  # NaN (poisoned) compares equal here
+                np.testing.assert_array_equal(to_numpy(got), to_numpy(want_array), err_msg=where)
+            values = x.astype(np.float64)
+            want = [int(np.isinf(values).sum()), int(np.isnan(values).sum())]
+            assert [int(n) for n in to_numpy(nonfinite)] == want, where
+
+
 # ------------------------------------------------------------------------------------------------
 # merge
 
