@@ -4,7 +4,8 @@ Everything but JAX specifics lives in :mod:`observers_core.adapters._array_histo
 jitted with ``upsample_rate`` and ``ignore_nonfinite`` static (traced once per input shape and dtype and
 number of bins; the first batch goes through the same compiled update, the empty state being its
 identity) and ``calculate_qparams`` with the hashable :class:`~observers_core.QuantSpec` static (traced once
-per spec and number of bins; every candidate range of the search is evaluated, no host sync). The
+per spec and number of bins; the search evaluates blocks of 16 candidate ranges in a ``lax.while_loop``
+up to the first rise of the error, no host sync). The
 compiled functions are shared by all observers with the same configuration. ``obs.update(state, x)`` /
 ``obs.qparams(state)`` are the pure functions for a user's ``jit`` or ``lax.scan``.
 
