@@ -37,7 +37,7 @@ def machine() -> str:
     import torch
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"{machine_line('numpy', 'torch')}; load {load:.1f}; torch {torch.get_num_threads()} threads, "
+    return (f"{machine_line('numpy', 'torch', 'numba')}; load {load:.1f}; torch {torch.get_num_threads()} threads, "
             f"{torch.backends.cpu.get_cpu_capability()}")
 
 

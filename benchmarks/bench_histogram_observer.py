@@ -132,7 +132,7 @@ def main() -> int:
     parser.add_argument("--no-subprocesses", action="store_true", help="skip the JAX run")
     args = parser.parse_args()
 
-    print(machine_line("torch", "jax", "numpy", "array-api-compat"))
+    print(machine_line("torch", "jax", "numpy", "array-api-compat", "numba"))
     import torch
 
     with warnings.catch_warnings():
