@@ -99,6 +99,26 @@ def test_counts_kernel_splits_over_threads_like_one_pass(xp):
         torch.set_num_threads(threads)
 
 
+def test_split_sum_does_not_wait_for_a_thread_that_never_runs(monkeypatch):
+    """A helper thread that gets no CPU (here: the pool is busy) leaves its slices to the caller: the
+    result is complete and nothing waits for the helper."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    x = np.random.default_rng(1).standard_normal(300_000).astype(F32)
+    args = (F32(-4), F32(4), F32(-4), F32(1), F32(64), F32(8), 64, True)
+    busy, release = ThreadPoolExecutor(max_workers=1), threading.Event()
+    blocker = busy.submit(release.wait)
+    monkeypatch.setattr(_compiled, "_pool", busy)
+    try:
+        split = _compiled.split_sum(H._counts_kernel, x, 2, *args, chunk=4096)
+        assert not blocker.done()  # the helper never ran, and split_sum returned anyway
+        np.testing.assert_array_equal(split, H._counts_kernel(x, *args))
+    finally:
+        release.set()
+        busy.shutdown()
+
+
 def test_threads_follow_torch_and_the_grain():
     """torch.set_num_threads caps the kernels' threads (torch is loaded here); small inputs get one."""
     saved = torch.get_num_threads()

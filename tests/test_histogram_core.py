@@ -412,10 +412,9 @@ def test_update_nan(xp, backend):
 @pytest.mark.parametrize("kernels_on", [True, False], ids=["kernels-on", "kernels-off"])
 def test_update_counting_counts_inf_and_nan(xp, backend, kernels_on, monkeypatch):
     """``histogram_update_counting`` returns the state of ``histogram_update`` and ``[#inf, #NaN]`` of the
-    batch (large batches too, counted on several threads), whatever the range does."""
+    batch (large batches too, counted on several threads), whatever the range does; under jit on JAX."""
     if kernels_on and (backend.name not in ("numpy", "torch") or not _compiled.AVAILABLE):
         pytest.skip("the compiled kernels take NumPy arrays and torch CPU tensors only")
-    _no_eager_jax(backend)
     monkeypatch.setattr(_compiled, "ENABLED", kernels_on)
     rng = np.random.default_rng(13)
     big = rng.normal(size=300_001).astype(F32)
@@ -425,9 +424,11 @@ def test_update_counting_counts_inf_and_nan(xp, backend, kernels_on, monkeypatch
                np.array([np.nan, 2.0, np.inf], F32), np.zeros(0, F32), np.arange(7, dtype=np.int32)]  # fmt: skip
     for ignore in (False, True):
         state = oc.histogram_init(bins=64, xp=xp, device=backend.device)
+        update = _jit(backend, oc.histogram_update, ignore_nonfinite=ignore)
+        counting = _jit(backend, oc.histogram_update_counting, ignore_nonfinite=ignore)
         for i, x in enumerate(batches):
-            expected = oc.histogram_update(state, backend.asarray(x), ignore_nonfinite=ignore)
-            state, nonfinite = oc.histogram_update_counting(state, backend.asarray(x), ignore_nonfinite=ignore)
+            expected = update(state, backend.asarray(x))
+            state, nonfinite = counting(state, backend.asarray(x))
             where = f"batch {i} ignore_nonfinite={ignore}"
             for got, want_array in zip(state, expected):  # NaN (poisoned) compares equal here
                 np.testing.assert_array_equal(to_numpy(got), to_numpy(want_array), err_msg=where)
