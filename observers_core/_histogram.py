@@ -290,11 +290,11 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
 
 
 def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[Array, Array],
-           bounded: bool = True) -> tuple[Array, Array]:  # fmt: skip
-    """``(float counts, number of NaN, number of the rest not counted)`` of ``xf`` (1-D float) in ``bins`` equal bins over ``[lo, hi]``
-    (0-d, ``xf.dtype``), exactly as ``torch.histc``: the value ``hi`` in the last bin; NaN, +/-inf and
-    values outside ``[lo, hi]`` not counted; ``data`` is the range of the finite values of ``xf`` (used
-    when ``lo == hi``). ``bounded=False`` when every finite value is known to lie in ``[lo, hi]``.
+           bounded: bool = True) -> tuple[Array, Array, Array]:  # fmt: skip
+    """``(float counts, number of NaN, number of the other values not counted)`` of ``xf`` (1-D float) in
+    ``bins`` equal bins over ``[lo, hi]`` (0-d, ``xf.dtype``), exactly as ``torch.histc``: the value ``hi``
+    in the last bin; NaN, +/-inf and values outside ``[lo, hi]`` not counted; ``data`` is the range of the
+    finite values of ``xf`` (used when ``lo == hi``). ``bounded=False`` when every finite value is known to lie in ``[lo, hi]``.
     Counted in integers, converted to float at the end."""
     lo, hi = _histc_range(lo, hi, data[0], data[1], xp)
     ok = (hi > lo) & xp.isfinite(lo) & xp.isfinite(hi)
