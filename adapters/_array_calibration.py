@@ -56,7 +56,6 @@ from typing import Any, NamedTuple
 
 from observers_core._calibration import (
     CalibHistogram,
-    _check_int,
     _mse_window,
     _work_dtype,
     calib_histogram_edges,
@@ -72,7 +71,9 @@ from observers_core._namespace import device_of, size
 from observers_core._qparams import QParams, calculate_qparams
 from observers_core._quantize import fake_quantize
 
-from ._array_observers import UniformQuantizationObserverBase, _check_bool
+from observers_core._validate import check_bool, check_int
+
+from ._array_observers import UniformQuantizationObserverBase
 
 __all__ = ["KLObserver", "MSEObserver", "PercentileObserver", "MixObserver"]
 
@@ -149,16 +150,16 @@ def make_config(
     if not 0.0 < float(percentile) <= 100.0:
         raise ValueError(f"percentile={percentile!r} is out of range; allowed: 0 < percentile <= 100")
     levels = positive_levels(spec)
-    bins = _check_int(bins, "bins", minimum=2)
+    bins = check_int(bins, "bins", minimum=2)
     if bins < levels:
         raise ValueError(
             f"bins={bins} is smaller than the {levels} quantized levels |x| reaches with dtype={spec.dtype!r}, "
             f"qscheme={spec.qscheme.value!r}, quant_min={spec.quant_min}, quant_max={spec.quant_max}; "
             f"allowed: bins >= {levels}"
         )
-    stride = _check_int(stride, "stride", minimum=1)
-    update_interval = _check_int(update_interval, "update_interval", minimum=1)
-    if _check_bool(is_sync_quantize, "is_sync_quantize"):
+    stride = check_int(stride, "stride", minimum=1)
+    update_interval = check_int(update_interval, "update_interval", minimum=1)
+    if check_bool(is_sync_quantize, "is_sync_quantize"):
         raise NotImplementedError(
             "is_sync_quantize=True is not implemented: statistics are not synchronised across devices. "
             "Merge replicas' min/max with observers_core.moving_average_merge (and KL histograms with "

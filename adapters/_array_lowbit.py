@@ -47,7 +47,9 @@ from observers_core._mx import BlockScale, check_block_size
 from observers_core._namespace import check_real, normalize_axis, size
 from observers_core._qparams import QParams
 
-from ._array_observers import ObserverBase, _check_bool, _check_entry, _check_keys
+from observers_core._validate import check_bool
+
+from ._array_observers import ObserverBase, _check_entry, _check_keys
 
 __all__ = [
     "LowBitObserver",
@@ -218,7 +220,7 @@ class LowBitObserver(ObserverBase):
             block_size=block_size, symmetric=symmetric, rounding=rounding, eps=eps,
         )
         super().__init__(spec.dtype, is_dynamic, xp=xp)
-        self.ignore_nonfinite = _check_bool(ignore_nonfinite, "ignore_nonfinite")
+        self.ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
         self._spec = spec
         self._state: MinMaxState | None = None
 

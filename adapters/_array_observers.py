@@ -38,6 +38,7 @@ from observers_core._dtypes import FLOAT32_EPS, QScheme, QuantSpec, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init, minmax_qparams, minmax_update, moving_average_update
 from observers_core._namespace import check_real, index_dtype, normalize_axis, size
 from observers_core._qparams import QParams
+from observers_core._validate import check_bool
 
 __all__ = [
     "ObserverBase",
@@ -68,11 +69,6 @@ def _resolve_namespace(xp: Any) -> Any:
     except (AttributeError, TypeError) as err:
         raise TypeError(f"xp={xp!r} is not an array namespace (numpy, array_api_strict, ...)") from err
 
-
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
 
 
 def _host_array(value: Any, name: str) -> np.ndarray:
@@ -124,7 +120,7 @@ class ObserverBase:
 
     def __init__(self, dtype: Any, is_dynamic: bool = False, *, xp: Any = None, device: Any = None) -> None:
         self.dtype = dtype
-        self.is_dynamic = _check_bool(is_dynamic, "is_dynamic")
+        self.is_dynamic = check_bool(is_dynamic, "is_dynamic")
         self._xp = self._namespace(xp)
         self._device = device
 
@@ -205,7 +201,7 @@ class UniformQuantizationObserverBase(ObserverBase):
         if spec.qscheme.is_symmetric and reduce_range and spec.dtype == "quint8":
             raise ValueError("reduce_range=True is not supported for symmetric quantization with dtype='quint8'")
         super().__init__(spec.dtype, is_dynamic, xp=xp, device=device)
-        self.ignore_nonfinite = _check_bool(ignore_nonfinite, "ignore_nonfinite")
+        self.ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
         self.reduce_range = bool(reduce_range)
         self._spec = spec
         self._state: MinMaxState | None = None

@@ -33,7 +33,9 @@ from observers_core._lowbit import lowbit_fake_quantize, lowbit_qparams
 from observers_core._minmax import MinMaxState
 
 from . import _array_lowbit as _base
-from ._array_observers import _check_bool, _check_entry
+from observers_core._validate import check_bool
+
+from ._array_observers import _check_entry
 from .torch import _XP, ObserverBase, _checked_input
 
 __all__ = list(_base.__all__)
@@ -96,8 +98,8 @@ class LowBitObserver(ObserverBase):
             type(self).__name__, self._FAMILY, _dtype_name(dtype), granularity=granularity, axis=axis,
             group_size=group_size, block_size=block_size, symmetric=symmetric, rounding=rounding, eps=eps,
         )
-        ignore_nonfinite = _check_bool(ignore_nonfinite, "ignore_nonfinite")
-        is_dynamic = _check_bool(is_dynamic, "is_dynamic")
+        ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
+        is_dynamic = check_bool(is_dynamic, "is_dynamic")
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
         super().__init__(dtype=spec.dtype, is_dynamic=is_dynamic, **kwargs)
         self.spec = spec

@@ -61,6 +61,7 @@ from .. import (
 )
 from .._dtypes import parse_dtype
 from .._namespace import normalize_axis
+from .._validate import check_bool
 
 __all__ = [
     "ObserverBase",
@@ -174,11 +175,6 @@ def to_core_qscheme(qscheme: Any, *, name: str = "qscheme") -> QScheme:
     return QScheme.parse(qscheme, name=name)
 
 
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
-
 
 def _checked_input(x_orig: Any, buffer: torch.Tensor) -> torch.Tensor:
     """``x_orig`` detached, after the checks that keep ``buffer`` valid (nothing is modified):
@@ -243,7 +239,7 @@ class UniformQuantizationObserverBase(ObserverBase):
             quant_max=quant_max,
             eps=eps,
         )
-        ignore_nonfinite = _check_bool(ignore_nonfinite, "ignore_nonfinite")
+        ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
         super().__init__(dtype=_TORCH_DTYPES[spec.dtype], is_dynamic=is_dynamic, **kwargs)
         self.qscheme = _TORCH_QSCHEMES[spec.qscheme]

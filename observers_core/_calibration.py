@@ -28,6 +28,7 @@ import numpy as np
 from array_api_compat import device as _device
 
 from ._dtypes import QScheme, QuantSpec
+from ._validate import INF, check_bool, check_float, check_int
 from ._namespace import (
     array_namespace,
     bincount,
@@ -56,7 +57,6 @@ __all__ = [
 ]
 
 Array = Any
-INF = float("inf")
 #: Most intermediate elements one channel chunk of a search materialises (bounds peak memory).
 _CHUNK_ELEMENTS = 1 << 22
 
@@ -78,31 +78,6 @@ class SearchCurve(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 
 
-def _check_int(value: Any, name: str, *, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if value < minimum or (maximum is not None and value > maximum):
-        allowed = f">= {minimum}" if maximum is None else f"{minimum} <= {name} <= {maximum}"
-        raise ValueError(f"{name}={value} is out of range; allowed: {allowed}")
-    return value
-
-
-def _check_bool(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
-
-
-def _check_float(value: Any, name: str, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__} {value!r}")
-    value = float(value)
-    if not (value >= 0 and math.isfinite(value)):
-        raise ValueError(f"{name}={value} must be a finite float >= 0")
-    return value
 
 
 def _check_ties(ties: Any) -> str:
@@ -251,11 +226,11 @@ def _result(threshold: Array, h: _Hist, xp: Any) -> Array:
 
 
 def _levels(num_bits: int, unsigned: bool, num_levels: int | None) -> int:
-    _check_int(num_bits, "num_bits", minimum=1, maximum=62)
-    unsigned = _check_bool(unsigned, "unsigned")
+    check_int(num_bits, "num_bits", minimum=1, maximum=62)
+    unsigned = check_bool(unsigned, "unsigned")
     if num_levels is None:
         return 1 << (num_bits - 1 + int(unsigned))
-    return _check_int(num_levels, "num_levels", minimum=1)
+    return check_int(num_levels, "num_levels", minimum=1)
 
 
 @functools.lru_cache(maxsize=32)
@@ -398,11 +373,11 @@ def _kl_search(
             f"hist has {bins} bins, fewer than the {levels} quantized levels it is merged into "
             f"(num_bits={num_bits}, unsigned={unsigned}, num_levels={num_levels}); use at least {levels} bins"
         )
-    start_bin = levels if start_bin is None else _check_int(start_bin, "start_bin", minimum=1, maximum=bins)
-    stride = _check_int(stride, "stride", minimum=1)
-    smoothing = _check_float(smoothing, "smoothing")
+    start_bin = levels if start_bin is None else check_int(start_bin, "start_bin", minimum=1, maximum=bins)
+    stride = check_int(stride, "stride", minimum=1)
+    smoothing = check_float(smoothing, "smoothing", minimum=0.0)
     b = h.counts
-    if _check_bool(flatten_first_bin, "flatten_first_bin") and bins > 1:
+    if check_bool(flatten_first_bin, "flatten_first_bin") and bins > 1:
         b = xp.concat([b[:, 1:2], b[:, 1:]], axis=-1)
     key = (bins, start_bin, stride, levels)
     tables = _kl_tables(*key)
@@ -485,7 +460,7 @@ def kl_threshold(
     histogram): every candidate ties.
     """
     ties = _check_ties(ties)
-    tie_tol = _check_float(tie_tol, "tie_tol", allow_none=True)
+    tie_tol = check_float(tie_tol, "tie_tol", minimum=0.0, allow_none=True)
     h, curve = _kl_search(
         hist, edges, num_bits=num_bits, unsigned=unsigned, num_levels=num_levels, start_bin=start_bin,
         stride=stride, smoothing=smoothing, flatten_first_bin=flatten_first_bin, xp=xp,
@@ -589,8 +564,8 @@ def _mse_search(hist, edges, *, spec, start_bin, stride, xp) -> tuple[_Hist, Sea
     bins = h.counts.shape[-1]
     if start_bin is None:
         start_bin = min(128, bins - 1)
-    start_bin = _check_int(start_bin, "start_bin", minimum=0, maximum=bins - 1)
-    stride = _check_int(stride, "stride", minimum=1)
+    start_bin = check_int(start_bin, "start_bin", minimum=0, maximum=bins - 1)
+    stride = check_int(stride, "stride", minimum=1)
     cand_np = np.arange(start_bin, bins, stride)
     cand = _index_array(cand_np, xp, h.device)
     h_edges = h.edges(xp)
@@ -660,7 +635,7 @@ def mse_threshold(
     (float32). Quantization parameters: ``calculate_qparams(0, amax, spec)``.
     """
     ties = _check_ties(ties)
-    tie_tol = _check_float(tie_tol, "tie_tol", allow_none=True)
+    tie_tol = check_float(tie_tol, "tie_tol", minimum=0.0, allow_none=True)
     xp = array_namespace(hist, edges, xp=xp)
     h, curve, _, noise = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, xp=xp)
     tol = _default_tie_tol(xp, h.dtype) if tie_tol is None else tie_tol
@@ -734,7 +709,7 @@ def percentile_range(
     percentile = float(percentile)
     if not 0 < percentile <= 100:
         raise ValueError(f"percentile={percentile} is out of range; allowed: 0 < percentile <= 100")
-    symmetric = _check_bool(symmetric, "symmetric")
+    symmetric = check_bool(symmetric, "symmetric")
     h = _prepare(hist, edges, xp)
     bins = h.counts.shape[-1]
     cum = xp.cumulative_sum(h.counts, axis=-1)
@@ -779,8 +754,8 @@ def calib_histogram_init(
     """An empty histogram state of ``bins`` bins (>= 2), per tensor or of ``num_channels`` channels.
 
     ``dtype`` (float32 by default) is that of the grid and range, and values are binned in it."""
-    bins = _check_int(bins, "bins", minimum=2)
-    shape = () if num_channels is None else (_check_int(num_channels, "num_channels", minimum=1),)
+    bins = check_int(bins, "bins", minimum=2)
+    shape = () if num_channels is None else (check_int(num_channels, "num_channels", minimum=1),)
     dtype = xp.float32 if dtype is None else dtype
     return CalibHistogram(
         xp.zeros(shape + (bins,), dtype=index_dtype(xp), device=device),
@@ -889,7 +864,7 @@ def calib_histogram_update(
     """
     xp = array_namespace(state.counts, xp=xp)
     check_real(x, xp)
-    absolute = _check_bool(absolute, "absolute")
+    absolute = check_bool(absolute, "absolute")
     if size(x) == 0:
         return state
     rows = _rows(state, xp)

@@ -1,0 +1,97 @@
+"""Argument validation: the one place that checks configuration values.
+
+Every check raises ``TypeError`` (wrong type) or ``ValueError`` (wrong value) with a message that names the
+argument, the value and what is allowed, and returns the value normalised (``np.bool_`` -> ``bool``,
+``np.int64`` -> ``int``...). Never ``assert``: it vanishes under ``python -O``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["INF", "FLOAT32_TINY", "check_bool", "check_int", "check_float", "check_choice", "check_eps"]
+
+INF = float("inf")
+#: float32's smallest normal number: below it XLA flushes to zero, so an ``eps`` there is refused.
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``value`` as a ``bool``; ``TypeError`` for anything but ``bool``/``np.bool_`` (``0``/``1`` too)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def check_int(value: Any, name: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an ``int`` in ``[minimum, maximum]`` (either bound may be ``None``); bools are refused."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        if maximum is None:
+            allowed = f"{name} >= {minimum}"
+        elif minimum is None:
+            allowed = f"{name} <= {maximum}"
+        else:
+            allowed = f"{minimum} <= {name} <= {maximum}"
+        raise ValueError(f"{name}={value} is out of range; allowed: {allowed}")
+    return value
+
+
+def check_float(
+    value: Any,
+    name: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    allow_none: bool = False,
+) -> float | None:
+    """``value`` as a finite ``float`` in ``[minimum, maximum]``; ``None`` passes when ``allow_none``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} {value!r}")
+    value = float(value)
+    low = -INF if minimum is None else minimum
+    high = INF if maximum is None else maximum
+    if not (math.isfinite(value) and low <= value <= high):
+        bounds = [f"{minimum} <= {name}" if minimum is not None else "", f"{name} <= {maximum}" if maximum is not None else ""]
+        allowed = " and ".join(b for b in bounds if b) or "any finite value"
+        raise ValueError(f"{name}={value!r} must be a finite float; allowed: {allowed}")
+    return value
+
+
+def check_choice(value: Any, name: str, choices: Iterable[Any]) -> Any:
+    """``value`` if it is one of ``choices``; ``ValueError`` listing them otherwise."""
+    choices = tuple(choices)
+    try:
+        ok = value in choices
+    except TypeError:  # unhashable / incomparable
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}={value!r} is not allowed; allowed: {', '.join(repr(c) for c in choices)}")
+    return value
+
+
+def check_eps(value: Any, name: str = "eps") -> float:
+    """``eps`` as a float: positive, finite and a float32 normal number (``>= 1.1754944e-38``).
+
+    The scale is float32 and is clamped to ``eps``; a subnormal ``eps`` would be flushed to zero by XLA
+    (JAX, GPUs), giving scale 0 there and ``eps`` elsewhere, so it is refused on every backend.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__} {value!r}")
+    value = float(value)
+    as_float32 = float(np.float32(value)) if math.isfinite(value) else value
+    if not (math.isfinite(as_float32) and as_float32 >= FLOAT32_TINY):
+        raise ValueError(
+            f"{name}={value!r} must be a positive finite float32 normal number; allowed: "
+            f"{FLOAT32_TINY!r} <= {name} <= {float(np.finfo(np.float32).max)!r}"
+        )
+    return value
