@@ -1,0 +1,14 @@
+"""Observer families: one public module each, all with the same shape.
+
+Each family module holds
+
+- ``Config``: a frozen, hashable dataclass with the whole configuration (usable as a ``jax.jit`` static
+  argument), validated in ``__post_init__`` through :mod:`observers_core._validate`;
+- ``State``: a NamedTuple of arrays (a JAX pytree);
+- ``STATE_KEYS``: the state-dict key names of the state's fields;
+- pure functions ``init(config, /, *, num_channels=None, device=None, xp=None) -> State``,
+  ``update(config, state, x, /) -> State``, ``merge(config, a, b, /) -> State`` and
+  ``qparams(config, state, /) -> QParams``, plus ``fake_quantize(config, state, x, /)`` where it applies.
+
+Adapters (``observers_core.adapters``) hold state and call these; they import only public names.
+"""
