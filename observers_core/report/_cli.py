@@ -82,24 +82,28 @@ def _render_rows(console: Any, rows: list[Row], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title, show_lines=False, header_style="bold")
-    for col, just in (("tensor", "left"), ("format", "left"), ("gran.", "left"), ("method", "left"),
-                      ("range", "right"), ("scale / exp", "right"), ("zp", "right"), ("MSE", "right"),
-                      ("SQNR dB", "right"), ("clip %", "right"), ("ms", "right"), ("", "left")):
-        table.add_column(col, justify=just, no_wrap=col != "", min_width=12 if col == "tensor" else None,
-                         max_width=24 if col == "" else None, overflow="fold" if col == "tensor" else "ellipsis")
+    wide = console.width >= 140  # narrow terminals: fewer columns
+    cols = [("tensor", "left"), ("format", "left"), ("gran.", "left"), ("method", "left"), ("range", "right"),
+            ("scale / exp", "right"), ("zp", "right"), ("MSE", "right"), ("SQNR dB", "right"), ("clip %", "right"),
+            ("ms", "right"), ("", "left")]
+    keep = [wide or c not in ("zp", "MSE", "ms", "range") for c, _ in cols]
+    for (col, just), k in zip(cols, keep):
+        if k:
+            table.add_column(col, justify=just, no_wrap=col != "", min_width=10 if col == "tensor" else None,
+                             max_width=24 if col == "" else None, overflow="fold" if col == "tensor" else "ellipsis")
     for r in rows:
+        gran = r.granularity.replace("per_", "")
         if r.error:
-            table.add_row(r.tensor, r.format, r.granularity.replace("per_", ""), r.method, *["-"] * 7,
-                          f"[red]error: {r.error}[/red]")
-            continue
-        rng = f"[{min(r.range_min, default=math.nan):.4g}, {max(r.range_max, default=math.nan):.4g}]"
-        scale = f"2^{_span([e - 127 for e in r.exponent], 'd')}" if r.exponent is not None else _span(r.scale, ".3g")
-        mark = "[bold green]best[/]" if r.best else ""
-        if r.note:
-            mark = (mark + " " if mark else "") + f"[dim]{r.note}[/]"
-        table.add_row(r.tensor, r.format, r.granularity.replace("per_", ""), r.method, rng, scale,
-                      _span(r.zero_point, "d"), f"{r.mse:.3g}", f"{r.sqnr_db:.2f}", f"{100 * r.clipped:.3f}",
-                      f"{1000 * r.seconds:.2f}", mark)
+            cells = [r.tensor, r.format, gran, r.method, *["-"] * 7, f"[red]error: {r.error}[/red]"]
+        else:
+            rng = f"[{min(r.range_min, default=math.nan):.4g}, {max(r.range_max, default=math.nan):.4g}]"
+            scale = f"2^{_span([e - 127 for e in r.exponent], 'd')}" if r.exponent is not None else _span(r.scale, ".3g")
+            mark = "[bold green]best[/]" if r.best else ""
+            if r.note:
+                mark = (mark + " " if mark else "") + f"[dim]{r.note}[/]"
+            cells = [r.tensor, r.format, gran, r.method, rng, scale, _span(r.zero_point, "d"), f"{r.mse:.3g}",
+                     f"{r.sqnr_db:.2f}", f"{100 * r.clipped:.3f}", f"{1000 * r.seconds:.2f}", mark]
+        table.add_row(*[c for c, k in zip(cells, keep) if k])
     console.print(table)
 
 
@@ -243,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (messages on stderr, never a traceback)."""
     from rich.console import Console
 
-    console = Console(stderr=False)
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=160)  # a file or a pipe: the full table
     try:
         args = build_parser().parse_args(argv)
         if args.command == "report":
