@@ -170,7 +170,7 @@ def _row(name: str, host: np.ndarray, x: Any, seen: list[Any], case: Case, xp: A
     except (ValueError, ArithmeticError) as err:
         return Row(**base, range_min=[], range_max=[], scale=[], zero_point=None, exponent=None, mse=math.nan,
                    sqnr_db=math.nan, clipped=math.nan, seconds=math.nan, error=str(err).splitlines()[0])
-    mse, sqnr, clipped = errors(host, _np(c.fq), _np(c.saturation))
+    mse, sqnr, clipped = errors(host, _np(c.fq), _np(c.saturation), None if c.step is None else _np(c.step))
     note = c.note
     if nonfinite and not np.all(np.isfinite(c.scale)):
         note = (note + "; " if note else "") + "non-finite qparams: this observer does not skip NaN/Inf"

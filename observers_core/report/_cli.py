@@ -89,7 +89,7 @@ def _render_rows(console: Any, rows: list[Row], title: str) -> None:
     keep = [wide or c not in ("zp", "MSE", "ms", "range") for c, _ in cols]
     for (col, just), k in zip(cols, keep):
         if k:
-            table.add_column(col, justify=just, no_wrap=col != "", min_width=10 if col == "tensor" else None,
+            table.add_column(col, justify=just, no_wrap=col != "", min_width={"tensor": 10, "": 4}.get(col),
                              max_width=24 if col == "" else None, overflow="fold" if col == "tensor" else "ellipsis")
     for r in rows:
         gran = r.granularity.replace("per_", "")
@@ -163,7 +163,7 @@ def write_plots(directory: str, tensors: dict[str, np.ndarray], rows: list[Row])
     for name, x in tensors.items():
         v = np.asarray(x, dtype=np.float64).reshape(-1)
         v = v[np.isfinite(v)]
-        fig, ax = plt.subplots(figsize=(7, 3.4), dpi=80)
+        fig, ax = plt.subplots(figsize=(7.5, 3.4), dpi=90)
         if v.size:
             ax.hist(v, bins=200, color="0.6", log=True)
         mine = [r for r in rows if r.tensor == name and r.granularity == "per_tensor" and not r.error and r.range_min]

@@ -62,6 +62,8 @@ class Calibrated:
     saturation: Any
     seconds: float
     note: str = ""
+    #: integer formats: ``(fq(+BIG) - fq(-BIG)) / (Q_max - Q_min)``, the scale of each element
+    step: Any = None
 
 
 def cases_for(shape: tuple[int, ...], formats: tuple[str, ...], granularities: tuple[str, ...],
@@ -173,7 +175,8 @@ def calibrate(case: Case, batches: list[Any], x: Any, xp: Any, group_size: int) 
         kw = dict(quant_min=spec.quant_min, quant_max=spec.quant_max, axis=axis, xp=xp)
         fq = oc.fake_quantize(x, scale, zp, **kw)
         sat = oc.fake_quantize(big, scale, zp, **kw)
-        return Calibrated(*result, None, fq, sat, seconds, note)
+        step = (oc.fake_quantize(ones, scale, zp, **kw) - oc.fake_quantize(-ones, scale, zp, **kw)) / (spec.quant_max - spec.quant_min)
+        return Calibrated(*result, None, fq, sat, seconds, note, step)
     if case.granularity == "per_block":
         spec = oc.lowbit_spec(case.format)
     elif case.granularity == "per_group":
@@ -192,18 +195,24 @@ def calibrate(case: Case, batches: list[Any], x: Any, xp: Any, group_size: int) 
     seconds = time.perf_counter() - start
     fq = oc.lowbit_fake_quantize(x, q, spec, xp=xp)
     sat = oc.lowbit_fake_quantize(big, q, spec, xp=xp)
-    return Calibrated(lo, hi, scale, zp, exponent, fq, sat, seconds)
+    step = None
+    if case.format in oc.INT_RANGES:
+        qmin, qmax = oc.INT_RANGES[case.format]
+        step = (oc.lowbit_fake_quantize(ones, q, spec, xp=xp) - oc.lowbit_fake_quantize(-ones, q, spec, xp=xp)) / (qmax - qmin)
+    return Calibrated(lo, hi, scale, zp, exponent, fq, sat, seconds, "", step)
 
 
-def errors(x: np.ndarray, fq: np.ndarray, sat: np.ndarray) -> tuple[float, float, float]:
+def errors(x: np.ndarray, fq: np.ndarray, sat: np.ndarray, step: np.ndarray | None = None) -> tuple[float, float, float]:
     """``(mse, sqnr_db, clipped)`` over the finite values of ``x``: ``mse = mean((fq - x)**2)``,
     ``sqnr = 10 log10(sum x**2 / sum (fq - x)**2)``, ``clipped`` = fraction with ``|x| > |fq(+-BIG)|``
-    (past the largest representable magnitude of its tensor/channel/group/block, on its side; this
-    counts values past it by less than half a step too, e.g. ``amax`` of torch's symmetric int8,
-    whose largest level is ``127 s = amax * 127 / 127.5``)."""
+    (past the largest representable magnitude of its tensor/channel/group/block, on its side); for
+    integer formats (``step``: each element's scale ``s``) past it by more than ``s / 2``, so values
+    that only round to the largest level do not count. For fp8/MX/BFP any value past it counts."""
     x = x.astype(np.float64).reshape(-1)
     fq = fq.astype(np.float64).reshape(-1)
     sat = np.abs(sat.astype(np.float64).reshape(-1))
+    if step is not None:
+        sat = (sat + 0.5 * np.abs(step.astype(np.float64).reshape(-1))) * (1 + 1e-6)  # float32 ties
     finite = np.isfinite(x)
     if not finite.any():
         return float("nan"), float("nan"), float("nan")
