@@ -242,11 +242,13 @@ def test_qparams_equal_torch_ao_observers():
         assert rows[method].zero_point == z.reshape(-1).tolist(), method
 
 
-def test_torch_backend_gives_the_numpy_rows():
-    pytest.importorskip("torch")
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_other_backends_give_the_numpy_rows(backend):
+    pytest.importorskip(backend)
     x = _weights(1, (8, 64))
     kw = dict(formats=["int8", "mxfp4"], methods=["minmax", "percentile", "mix"])
-    a, b = report_tensors({"t": x}, **kw), report_tensors({"t": x}, backend="torch", **kw)
+    a, b = report_tensors({"t": x}, **kw), report_tensors({"t": x}, backend=backend, **kw)
+    assert not any(r.error for r in a + b)
     assert [(r.format, r.granularity, r.method) for r in a] == [(r.format, r.granularity, r.method) for r in b]
     for ra, rb in zip(a, b):
         assert ra.scale == pytest.approx(rb.scale, rel=1e-6) and ra.sqnr_db == pytest.approx(rb.sqnr_db, rel=1e-5)

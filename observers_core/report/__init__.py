@@ -167,9 +167,11 @@ def _row(name: str, host: np.ndarray, x: Any, seen: list[Any], case: Case, xp: A
                 method=case.method, nonfinite=nonfinite)
     try:
         c = calibrate(case, seen, x, xp, group_size)
-    except (ValueError, ArithmeticError) as err:
+    except Exception as err:  # noqa: BLE001 -- one method failing (as its observer would) is one error row
+        msg = str(err).splitlines()[0] if str(err) else ""
+        msg = msg if isinstance(err, ValueError) else f"{type(err).__name__}: {msg}"
         return Row(**base, range_min=[], range_max=[], scale=[], zero_point=None, exponent=None, mse=math.nan,
-                   sqnr_db=math.nan, clipped=math.nan, seconds=math.nan, error=str(err).splitlines()[0])
+                   sqnr_db=math.nan, clipped=math.nan, seconds=math.nan, error=msg)
     mse, sqnr, clipped = errors(host, _np(c.fq), _np(c.saturation), None if c.step is None else _np(c.step))
     note = c.note
     if nonfinite and not np.all(np.isfinite(c.scale)):
