@@ -409,7 +409,13 @@ def _rebin(hist: Array, old_min: Array, old_max: Array, new_min: Array, new_max:
     """torch's ``_upscale_histogram``: split each bin into ``up`` equal parts of ``h / up``, place each part
     by its midpoint ``linspace(old_min, old_max, bins*up + 1)[:-1] + (old_max - old_min) / (2*bins*up)``
     into the new bins ``linspace(new_min, new_max, bins + 1)`` (``bucketize(right=True) - 1``, clamped),
-    and add the parts up in order (float32)."""
+    and add the parts up in order (float32).
+
+    Where ``new_max - new_min`` overflows float32 (a range wider than float32's maximum: torch's
+    ``linspace`` gives NaN edges there and its result is undefined), all four bounds are halved first
+    (exact), which places every part where torch's formula means it, identically on every path."""
+    half = xp.where(xp.isfinite(new_max - new_min), _scalar(1.0, new_min, xp), _scalar(0.5, new_min, xp))
+    old_min, old_max, new_min, new_max = (v * half for v in (old_min, old_max, new_min, new_max))
     host = host_view(hist, xp)
     if host is not None:
         bounds = (host_scalar(v) for v in (old_min, old_max, new_min, new_max))
