@@ -25,6 +25,9 @@ Differences from torch (see also :mod:`observers_core.adapters.torch`):
   ``histc``); ``ignore_nonfinite=True`` skips NaN and +/-inf silently;
 - inputs of every real dtype are binned in float32 (torch bins float64/float16 in their precision and
   rejects integers); counts are exact integers per batch (torch's float32 counts stop at ``2**24``);
+- under ``torch.compile`` (any backend), ``forward`` and ``calculate_qparams`` are graph breaks
+  (``torch.compiler.disable``): they run eagerly, with the compiled host kernels (numba) dynamo cannot
+  trace, and give the eager results; the rest of the compiled function stays compiled;
 - ``reset_histogram`` and ``load_state_dict`` check their inputs first (``ValueError``, buffers untouched);
   loaded ``min_val``/``max_val`` are copied into the buffers (torch replaces the buffers by the loaded
   tensors, device and dtype included).
@@ -156,6 +159,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
             buffers[name].copy_(value)
 
     # -- observe -------------------------------------------------------------------------------------
+    @torch.compiler.disable
     def forward(self, x_orig):
         r"""Adds ``x`` to the running histogram (see the class docstring); returns ``x`` itself. Empty
         ``x``: nothing changes. Errors leave the buffers untouched."""
@@ -201,6 +205,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         state = self._state()
         return non_linear_param_search(*state, dst_nbins=self.dst_nbins, xp=_NS)
 
+    @torch.compiler.disable
     def calculate_qparams(self):  # type: ignore[override]
         r"""Scale and zero point of the searched range. Before any input: torch's warning and
         ``(tensor([1.]), tensor([0]))``; after a NaN input: a warning and a NaN scale."""
