@@ -16,6 +16,7 @@ order, bit for bit.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ from ._namespace import (
 )
 from ._qparams import QParams, calculate_qparams
 
-__all__ = ["histogram_qparams", "non_linear_param_search"]
+__all__ = ["check_histogram", "histogram_qparams", "non_linear_param_search"]
 
 Array = Any
 
@@ -600,6 +601,48 @@ def _search_bins(hist: Array, min_val: Array, max_val: Array, dst_nbins: int, xp
     return start, end
 
 
+def _traced(*arrays: Array) -> bool:
+    """Whether any array is a JAX tracer (inside ``jit``), where reading a value is impossible."""
+    jax = sys.modules.get("jax")
+    return jax is not None and any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+def check_histogram(histogram: Array, min_val: Array, max_val: Array, /, *, xp: Any = None,
+                    name: str = "histogram") -> None:  # fmt: skip
+    """``ValueError`` unless the counts are finite and ``>= 0`` and the range is ordered and not infinite
+    (``min_val <= max_val``; NaN bounds, a state poisoned by NaN, pass: they give NaN qparams).
+
+    Eager arrays only: the check reads three flags on the host (one sync). Under ``jax.jit`` (traced
+    arrays) nothing is checked and an invalid histogram gives an unspecified range."""
+    xp = array_namespace(histogram, min_val, max_val, xp=xp)
+    if _traced(histogram, min_val, max_val):
+        return
+    with np.errstate(all="ignore"):
+        lo = xp.astype(min_val, xp.float32, copy=False)
+        hi = xp.astype(max_val, xp.float32, copy=False)
+        flags = xp.stack([
+            xp.all((histogram >= 0) & xp.isfinite(histogram)),
+            ~(xp.isinf(lo) | xp.isinf(hi)),
+            ~(lo > hi),
+        ])
+    counts_ok, finite, ordered = (bool(v) for v in np.asarray(_host(flags)))
+    if not counts_ok:
+        raise ValueError(f"{name} must hold finite counts >= 0 (no negative, NaN or infinite count)")
+    if not finite:
+        raise ValueError(f"{name} range must be finite, got min_val={float(lo)}, max_val={float(hi)}")
+    if not ordered:
+        raise ValueError(f"{name} range must not decrease, got min_val={float(lo)} > max_val={float(hi)}")
+
+
+def _host(a: Array) -> Any:
+    """A small eager array as something NumPy reads (torch CUDA and CuPy arrays copied to the host)."""
+    if hasattr(a, "get"):
+        return a.get()
+    if hasattr(a, "cpu"):
+        return a.cpu()
+    return a
+
+
 def non_linear_param_search(
     histogram: Array, min_val: Array, max_val: Array, /, *, dst_nbins: int, xp: Any = None
 ) -> tuple[Array, Array]:
@@ -613,7 +656,8 @@ def non_linear_param_search(
     picks (same float32 arithmetic; error sums may differ by rounding order on non-torch backends).
 
     Returns ``(min_val + w * start, min_val + w * (end + 1))`` with ``w = (max_val - min_val) / bins``
-    (float32, 0-d). ``histogram`` must be non-negative.
+    (float32, 0-d). Eagerly, :func:`check_histogram` rejects negative, NaN or infinite counts and an
+    infinite or decreasing range with ``ValueError``; under ``jax.jit`` nothing is checked (no host sync).
     """
     xp = array_namespace(histogram, min_val, max_val, xp=xp)
     if histogram.ndim != 1 or histogram.shape[0] < 1:
@@ -624,6 +668,7 @@ def non_linear_param_search(
             raise ValueError(f"{name} must be 0-d, got shape {tuple(arr.shape)}")
     if isinstance(dst_nbins, bool) or not isinstance(dst_nbins, (int, np.integer)) or dst_nbins < 1:
         raise ValueError(f"dst_nbins={dst_nbins!r} must be an int >= 1")
+    check_histogram(histogram, min_val, max_val, xp=xp)
     with np.errstate(all="ignore"):
         hist = xp.astype(histogram, xp.float32, copy=False)
         lo = xp.astype(min_val, xp.float32, copy=False)
@@ -647,7 +692,8 @@ def histogram_qparams(state: HistogramState, /, spec: QuantSpec, *, xp: Any = No
     """torch's ``HistogramObserver.calculate_qparams``: :func:`non_linear_param_search` with
     ``dst_nbins = 2**bits(spec.dtype)``, then :func:`calculate_qparams` on the range found. A state that
     has seen nothing gives ``scale = 1``, ``zero_point = 0`` (torch also warns; adapters do that).
-    Per-tensor schemes and integer dtypes only, as in torch."""
+    Per-tensor schemes and integer dtypes only, as in torch. Invalid histograms: see
+    :func:`check_histogram` (eager ``ValueError``; unchecked under ``jax.jit``)."""
     _check_state(state)
     xp = array_namespace(state.histogram, xp=xp)
     if not spec.qscheme.is_per_tensor:
@@ -656,10 +702,12 @@ def histogram_qparams(state: HistogramState, /, spec: QuantSpec, *, xp: Any = No
     if spec.dtype not in _DST_BITS:
         raise ValueError(f"spec.dtype={spec.dtype} is not supported by the histogram search; allowed: "
                          + ", ".join(_DST_BITS))  # fmt: skip
-    new_min, new_max = non_linear_param_search(
-        state.histogram, state.min_val, state.max_val, dst_nbins=2 ** _DST_BITS[spec.dtype], xp=xp
-    )
     empty = (state.min_val == INF) & (state.max_val == -INF)
+    zero = xp.zeros_like(state.min_val)
+    new_min, new_max = non_linear_param_search(  # an empty state searches [0, 0]; its result is replaced
+        state.histogram, xp.where(empty, zero, state.min_val), xp.where(empty, zero, state.max_val),
+        dst_nbins=2 ** _DST_BITS[spec.dtype], xp=xp,
+    )
     new_min = xp.where(empty, state.min_val, new_min)
     new_max = xp.where(empty, state.max_val, new_max)
     return calculate_qparams(new_min, new_max, spec, xp=xp)
