@@ -41,14 +41,9 @@ import warnings
 import array_api_compat.torch as _NS
 import torch
 
-from observers_core._histogram import (
-    HistogramState,
-    _check_bins,
-    _check_upsample_rate,
-    histogram,
-    histogram_update_counting,
-)
+from observers_core._histogram import HistogramState, check_bins, check_upsample_rate, histogram
 from observers_core._l2_search import non_linear_param_search
+from observers_core.families import histogram as family
 
 from ._array_histogram import check_dtype, check_loaded_state
 from ._array_observers import _check_entry
@@ -111,8 +106,8 @@ class HistogramObserver(UniformQuantizationObserverBase):
         ignore_nonfinite=False,
         **kwargs,
     ) -> None:
-        bins = _check_bins(bins)
-        upsample_rate = _check_upsample_rate(upsample_rate)
+        bins = check_bins(bins)
+        upsample_rate = check_upsample_rate(upsample_rate)
         if not to_core_qscheme(qscheme).is_per_tensor:
             raise UnsupportedConfigError(
                 f"qscheme={qscheme} is not supported by HistogramObserver; allowed: torch.per_tensor_affine, "
@@ -167,9 +162,8 @@ class HistogramObserver(UniformQuantizationObserverBase):
         x = _checked_input(x_orig, hist)
         if x.numel() == 0:
             return x_orig
-        new, nonfinite = histogram_update_counting(
-            self._state(), x, upsample_rate=self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite, xp=_NS
-        )
+        config = family.Config(self.bins, self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite)
+        new, nonfinite = family.update_counting(config, self._state(), x)
         if not self.ignore_nonfinite:  # torch's warning for +/-inf, ours for NaN (counted while binning)
             infs, nans = nonfinite.tolist()
             if nans:
