@@ -19,7 +19,11 @@ Differences from torch (see also :mod:`observers_core.adapters.torch`):
   ``__init__``; setting ``obs.upsample_rate`` afterwards works in both);
 - configuration errors are ``ValueError``/``TypeError`` naming the argument: ``bins``, ``upsample_rate``,
   a ``dtype`` without integer bits, a per-channel ``qscheme`` and ``is_dynamic=True`` (the last two
-  raise an exception that is also a ``NotImplementedError``, which torch raises);
+  raise an exception that is also a ``NotImplementedError``, which torch raises). Accepted
+  configurations are torch's (enumerated in ``tests/test_histogram_config_rules.py``, symmetric quint8
+  with ``reduce_range=True`` included) except, on purpose: ``bins`` outside ``[1, 2**24]``, ``eps`` not
+  positive and finite, a non-bool ``reduce_range``, and a custom range outside int32 (torch accepts
+  them and fails or gives a zero/NaN scale later);
 - NaN: by default the state becomes NaN (``min_val = max_val = NaN``, histogram kept, later batches
   ignored, NaN scale), with a warning, the same on every backend (torch raises ``RuntimeError`` from
   ``histc``); ``ignore_nonfinite=True`` skips NaN and +/-inf silently;
@@ -50,7 +54,6 @@ from ._array_observers import _check_entry
 from .torch import (
     _FLOAT32_EPS,
     UniformQuantizationObserverBase,
-    _check_symmetric_reduce_range,
     _checked_input,
     to_core_dtype,
     to_core_qscheme,
@@ -129,7 +132,6 @@ class HistogramObserver(UniformQuantizationObserverBase):
             ignore_nonfinite=ignore_nonfinite,
             **kwargs,
         )
-        _check_symmetric_reduce_range(self)
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
         self.bins = bins
         self.register_buffer("histogram", torch.zeros(bins, **factory_kwargs))
