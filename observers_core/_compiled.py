@@ -1,4 +1,5 @@
-"""Compiled CPU kernels (numba), optional: one place that knows whether they are available.
+"""Compiled CPU kernels (numba), optional: every kernel of the package lives here, and this is the one
+place that knows whether they are available.
 
 The array-API code is the reference and runs everywhere (every namespace, every device, under
 ``jax.jit``). Where a loop over the data cannot be written with array operations without large
