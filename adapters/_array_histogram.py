@@ -39,15 +39,8 @@ from typing import Any
 import numpy as np
 
 from observers_core._dtypes import FLOAT32_EPS, QScheme
-from observers_core._histogram import (
-    _DST_BITS,
-    _check_bins,
-    _check_upsample_rate,
-    HistogramState,
-    histogram_init,
-    histogram_update,
-)
-from observers_core._l2_search import histogram_qparams
+from observers_core._histogram import DST_BITS, HistogramState, check_bins, check_upsample_rate
+from observers_core.families import histogram as family
 from observers_core._namespace import device_of as _device_of
 from observers_core._qparams import QParams
 
@@ -64,9 +57,9 @@ STATE_KEYS = ("eps", "histogram", "min_val", "max_val")
 def check_dtype(dtype: str, owner: str) -> int:
     """``dst_nbins = 2**bits`` of a quantized dtype name (torch: ``2 ** torch.iinfo(dtype).bits``);
     ``ValueError`` naming ``dtype`` for formats the histogram search does not handle (floats)."""
-    if dtype not in _DST_BITS:
-        raise ValueError(f"dtype={dtype!r} is not supported by {owner}; allowed: {', '.join(_DST_BITS)}")
-    return 2 ** _DST_BITS[dtype]
+    if dtype not in DST_BITS:
+        raise ValueError(f"dtype={dtype!r} is not supported by {owner}; allowed: {', '.join(DST_BITS)}")
+    return 2 ** DST_BITS[dtype]
 
 
 def check_loaded_state(
@@ -126,8 +119,8 @@ class HistogramObserver(UniformQuantizationObserverBase):
         xp: Any = None,
     ) -> None:
         owner = type(self).__name__
-        self._bins = _check_bins(bins)
-        self._upsample_rate = _check_upsample_rate(upsample_rate)
+        self._bins = check_bins(bins)
+        self._upsample_rate = check_upsample_rate(upsample_rate)
         if is_dynamic:
             raise ValueError(f"is_dynamic=True is not supported by {owner} (no dynamic quantization)")
         super().__init__(
@@ -158,11 +151,21 @@ class HistogramObserver(UniformQuantizationObserverBase):
         """A state that has seen nothing: zero counts, ``min_val=+inf``, ``max_val=-inf``."""
         if num_channels is not None:
             raise ValueError(f"num_channels must be None for {type(self).__name__}, got {num_channels!r}")
-        return histogram_init(bins=self._bins, xp=self._xp, device=self._device)
+        return family.init(self.update_config, xp=self._xp, device=self._device)
 
     def _new_state(self, x: Array, num_channels: int | None) -> HistogramState:
         device = self._device if self._device is not None else _device_of(x)
-        return histogram_init(bins=self._bins, xp=self._xp, device=device)
+        return family.init(self.update_config, xp=self._xp, device=device)
+
+    @property
+    def update_config(self) -> family.Config:
+        """The family configuration of the update (the default spec: the update does not depend on it)."""
+        return family.Config(self._bins, self._upsample_rate, ignore_nonfinite=self.ignore_nonfinite)
+
+    @property
+    def config(self) -> family.Config:
+        """The whole family configuration (:class:`observers_core.families.histogram.Config`)."""
+        return family.Config(self._bins, self._upsample_rate, self._spec, self.ignore_nonfinite)
 
     def _as_state(self, state: Any) -> HistogramState:
         """``state`` as a :class:`HistogramState` of this observer's shapes (``TypeError``/``ValueError``)."""
@@ -190,12 +193,10 @@ class HistogramObserver(UniformQuantizationObserverBase):
 
     # -- update and qparams (JAX jits these hooks, CuPy runs them on the state's device) -----------
     def _compute_update(self, state: HistogramState, x: Array, axis: int | None) -> HistogramState:
-        return histogram_update(
-            state, x, upsample_rate=self._upsample_rate, ignore_nonfinite=self.ignore_nonfinite, xp=self._xp
-        )
+        return family.update(self.update_config, state, x)
 
     def _compute_qparams(self, state: HistogramState) -> QParams:
-        return histogram_qparams(state, self._spec, xp=self._xp)
+        return family.qparams(self.config, state)
 
     def update(self, state: HistogramState, x: Array) -> HistogramState:
         """Pure: the state after observing ``x`` (:func:`observers_core.histogram_update`); empty ``x``

@@ -14,8 +14,7 @@ magnitude are binned as zeros.
 
 Example::
 
-    import jax.numpy as jnp
-    from observers_core.adapters.jax import HistogramObserver
+        from observers_core.adapters.jax import HistogramObserver
 
     obs = HistogramObserver(bins=2048, dtype="quint8", reduce_range=True)
     for batch in batches:
@@ -29,10 +28,8 @@ import functools
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from observers_core._histogram import histogram_update
-from observers_core._l2_search import histogram_qparams
+from observers_core.families import histogram as family
 
 from . import _array_histogram as _base
 from .jax import _JaxMinMaxMixin
@@ -40,31 +37,31 @@ from .jax import _JaxMinMaxMixin
 __all__ = list(_base.__all__)
 
 
-def _update_body(state, x, *, upsample_rate: int, ignore_nonfinite: bool):
+def _update_body(config, state, x):
     """The traced update."""
-    return histogram_update(state, x, upsample_rate=upsample_rate, ignore_nonfinite=ignore_nonfinite, xp=jnp)
+    return family.update(config, state, x)
 
 
-@functools.partial(jax.jit, static_argnames=("upsample_rate", "ignore_nonfinite"))
-def _jit_update(state, x, *, upsample_rate, ignore_nonfinite):
-    return _update_body(state, x, upsample_rate=upsample_rate, ignore_nonfinite=ignore_nonfinite)
+@functools.partial(jax.jit, static_argnames=("config",))
+def _jit_update(state, x, *, config):
+    return _update_body(config, state, x)
 
 
-def _qparams_body(state, spec):
+def _qparams_body(config, state):
     """The traced qparams."""
-    return histogram_qparams(state, spec, xp=jnp)
+    return family.qparams(config, state)
 
 
-@functools.partial(jax.jit, static_argnames=("spec",))
-def _jit_qparams(state, *, spec):
-    return _qparams_body(state, spec)
+@functools.partial(jax.jit, static_argnames=("config",))
+def _jit_qparams(state, *, config):
+    return _qparams_body(config, state)
 
 
 class HistogramObserver(_JaxMinMaxMixin, _base.HistogramObserver):
     __doc__ = _base.HistogramObserver.__doc__
 
     def _compute_update(self, state, x: Any, axis: int | None):
-        return _jit_update(state, x, upsample_rate=self._upsample_rate, ignore_nonfinite=self.ignore_nonfinite)
+        return _jit_update(state, x, config=self.update_config)
 
     def _compute_qparams(self, state):
-        return _jit_qparams(state, spec=self._spec)
+        return _jit_qparams(state, config=self.config)

@@ -19,12 +19,19 @@ Differences from torch (see also :mod:`observers_core.adapters.torch`):
   ``__init__``; setting ``obs.upsample_rate`` afterwards works in both);
 - configuration errors are ``ValueError``/``TypeError`` naming the argument: ``bins``, ``upsample_rate``,
   a ``dtype`` without integer bits, a per-channel ``qscheme`` and ``is_dynamic=True`` (the last two
-  raise an exception that is also a ``NotImplementedError``, which torch raises);
+  raise an exception that is also a ``NotImplementedError``, which torch raises). Accepted
+  configurations are torch's (enumerated in ``tests/test_histogram_config_rules.py``, symmetric quint8
+  with ``reduce_range=True`` included) except, on purpose: ``bins`` outside ``[1, 2**24]``, ``eps`` not
+  positive and finite, a non-bool ``reduce_range``, and a custom range outside int32 (torch accepts
+  them and fails or gives a zero/NaN scale later);
 - NaN: by default the state becomes NaN (``min_val = max_val = NaN``, histogram kept, later batches
   ignored, NaN scale), with a warning, the same on every backend (torch raises ``RuntimeError`` from
   ``histc``); ``ignore_nonfinite=True`` skips NaN and +/-inf silently;
 - inputs of every real dtype are binned in float32 (torch bins float64/float16 in their precision and
   rejects integers); counts are exact integers per batch (torch's float32 counts stop at ``2**24``);
+- under ``torch.compile`` (any backend), ``forward`` and ``calculate_qparams`` are graph breaks
+  (``torch.compiler.disable``): they run eagerly, with the compiled host kernels (numba) dynamo cannot
+  trace, and give the eager results; the rest of the compiled function stays compiled;
 - ``reset_histogram`` and ``load_state_dict`` check their inputs first (``ValueError``, buffers untouched);
   loaded ``min_val``/``max_val`` are copied into the buffers (torch replaces the buffers by the loaded
   tensors, device and dtype included).
@@ -38,21 +45,15 @@ import warnings
 import array_api_compat.torch as _NS
 import torch
 
-from observers_core._histogram import (
-    HistogramState,
-    _check_bins,
-    _check_upsample_rate,
-    histogram,
-    histogram_update_counting,
-)
+from observers_core._histogram import HistogramState, check_bins, check_upsample_rate, histogram
 from observers_core._l2_search import non_linear_param_search
+from observers_core.families import histogram as family
 
 from ._array_histogram import check_dtype, check_loaded_state
 from ._array_observers import _check_entry
 from .torch import (
     _FLOAT32_EPS,
     UniformQuantizationObserverBase,
-    _check_symmetric_reduce_range,
     _checked_input,
     to_core_dtype,
     to_core_qscheme,
@@ -108,8 +109,8 @@ class HistogramObserver(UniformQuantizationObserverBase):
         ignore_nonfinite=False,
         **kwargs,
     ) -> None:
-        bins = _check_bins(bins)
-        upsample_rate = _check_upsample_rate(upsample_rate)
+        bins = check_bins(bins)
+        upsample_rate = check_upsample_rate(upsample_rate)
         if not to_core_qscheme(qscheme).is_per_tensor:
             raise UnsupportedConfigError(
                 f"qscheme={qscheme} is not supported by HistogramObserver; allowed: torch.per_tensor_affine, "
@@ -131,7 +132,6 @@ class HistogramObserver(UniformQuantizationObserverBase):
             ignore_nonfinite=ignore_nonfinite,
             **kwargs,
         )
-        _check_symmetric_reduce_range(self)
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
         self.bins = bins
         self.register_buffer("histogram", torch.zeros(bins, **factory_kwargs))
@@ -156,6 +156,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
             buffers[name].copy_(value)
 
     # -- observe -------------------------------------------------------------------------------------
+    @torch.compiler.disable
     def forward(self, x_orig):
         r"""Adds ``x`` to the running histogram (see the class docstring); returns ``x`` itself. Empty
         ``x``: nothing changes. Errors leave the buffers untouched."""
@@ -163,9 +164,8 @@ class HistogramObserver(UniformQuantizationObserverBase):
         x = _checked_input(x_orig, hist)
         if x.numel() == 0:
             return x_orig
-        new, nonfinite = histogram_update_counting(
-            self._state(), x, upsample_rate=self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite, xp=_NS
-        )
+        config = family.Config(self.bins, self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite)
+        new, nonfinite = family.update_counting(config, self._state(), x)
         if not self.ignore_nonfinite:  # torch's warning for +/-inf, ours for NaN (counted while binning)
             infs, nans = nonfinite.tolist()
             if nans:
@@ -201,6 +201,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         state = self._state()
         return non_linear_param_search(*state, dst_nbins=self.dst_nbins, xp=_NS)
 
+    @torch.compiler.disable
     def calculate_qparams(self):  # type: ignore[override]
         r"""Scale and zero point of the searched range. Before any input: torch's warning and
         ``(tensor([1.]), tensor([0]))``; after a NaN input: a warning and a NaN scale."""

@@ -1,4 +1,5 @@
-"""Compiled CPU kernels (numba), optional: one place that knows whether they are available.
+"""Compiled CPU kernels (numba), optional: every kernel of the package lives here, and this is the one
+place that knows whether they are available.
 
 The array-API code is the reference and runs everywhere (every namespace, every device, under
 ``jax.jit``). Where a loop over the data cannot be written with array operations without large
@@ -31,7 +32,12 @@ try:
 except ImportError:  # optional: the array-API code runs instead
     numba = None
 
-__all__ = ["ENABLED", "AVAILABLE", "fma", "host_scalar", "host_view", "kernel", "numba", "numpy_views", "split_sum", "threads"]
+__all__ = [
+    "ENABLED", "AVAILABLE", "fma", "host_scalar", "host_view", "kernel", "numba", "numpy_views", "split_sum", "threads",
+    # histogram and L2-search kernels
+    "cascade_kernel", "clip_kernel", "counts_kernel", "cumsum32_kernel", "end_steps_kernel", "errors_kernel",
+    "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
+]  # fmt: skip
 
 AVAILABLE = numba is not None
 ENABLED = AVAILABLE and os.environ.get("OBSERVERS_CORE_NO_NUMBA", "") in ("", "0")
@@ -141,3 +147,214 @@ def split_sum(fn: Callable, x: np.ndarray, workers: int, *args: Any, chunk: int 
     helpers = [_pool.submit(work) for _ in range(workers - 1)]
     parts = [work()] + [helper.result() for helper in helpers if not helper.cancel()]  # cancelled: never started
     return sum(part for part in parts if part is not None)
+
+
+# --- histogram and L2-search kernels (observers_core._histogram, observers_core._l2_search) ---
+# Each computes the float32 operations of the array-API function it names, in its order, bit for bit.
+
+_CHUNK = 4096  # counts_kernel bins this many values (vectorized), then counts them
+
+
+@kernel()
+def counts_kernel(x, lo, hi, lo_half, half, num, den, bins, bounded):  # pragma: no cover (compiled)
+    """:func:`_counts` for host memory: the same float32 operations per element, ``_CHUNK`` values at a
+    time binned branch-free (so it vectorizes: the slice keeps indices non-negative, which numba needs
+    to drop its wraparound checks), then counted."""
+    zero, nan_bin, out_bin = x.dtype.type(0), x.dtype.type(bins + 1), x.dtype.type(bins + 2)
+    counts = np.zeros(bins + 3, dtype=np.int64)
+    idx = np.empty(_CHUNK, dtype=np.int32)
+    for start in range(0, x.shape[0], _CHUNK):
+        chunk = x[start:start + _CHUNK]
+        for j in range(chunk.shape[0]):
+            v = chunk[j]
+            pos = (v * half - lo_half) * num / den
+            b = zero if pos <= zero else pos
+            b = out_bin if b >= out_bin else b
+            b = out_bin if pos - pos != zero else b  # +/-inf (and NaN, next line)
+            b = out_bin if bounded and not (lo <= v <= hi) else b
+            idx[j] = np.int32(nan_bin if pos != pos else b)
+        for j in range(chunk.shape[0]):
+            counts[idx[j]] += 1
+    return counts
+
+
+@kernel()
+def linspace_kernel(start, end, steps):  # pragma: no cover (compiled; checked against torch.linspace)
+    """:func:`_linspace` for host memory, with true fused multiply-adds."""
+    out = np.empty(steps, dtype=np.float32)
+    step = (end - start) / np.float32(steps - 1)
+    for i in range(steps):
+        out[i] = fma(step, np.float32(i), start) if i < steps // 2 else fma(-step, np.float32(steps - 1 - i), end)
+    return out
+
+
+@kernel()
+def rebin_kernel(hist, old_min, old_max, new_min, new_max, up):  # pragma: no cover (compiled)
+    """:func:`_rebin` for host memory: the same float32 operations, one pass. The sub-bin midpoints are
+    found among the edges by a forward scan (they rise with ``i``; a midpoint below the previous one
+    restarts the scan, so the bucket is ``bucketize``'s in every case) and added up in order."""
+    bins = hist.shape[0]
+    parts = bins * up
+    half_width = np.float32(0.5) * ((old_max - old_min) / np.float32(parts))
+    mids = linspace_kernel(old_min, old_max, parts + 1)
+    edges = linspace_kernel(new_min, new_max, bins + 1)
+    out = np.zeros(bins, dtype=np.float32)
+    j, previous = 0, -np.inf
+    for i in range(parts):
+        mid = mids[i] + half_width
+        if mid < previous:
+            j = 0
+        previous = mid
+        while j <= bins and edges[j] <= mid:  # j = #{edges <= mid}
+            j += 1
+        out[min(max(j - 1, 0), bins - 1)] += hist[i // up] / np.float32(up)
+    return out
+
+
+@kernel()
+def cumsum32_kernel(v, out):  # pragma: no cover (compiled)
+    """:func:`_cumsum32` of a NumPy array into ``out``: one float64 sum, left to right."""
+    acc = 0.0
+    for i in range(v.shape[0]):
+        acc += np.float64(v[i])
+        out[i] = np.float32(acc)
+
+
+@kernel()
+def end_steps_kernel(cs, total, betas, last_b, out):  # pragma: no cover (compiled)
+    """:func:`_end_steps` of a NumPy array (``total`` a Python float, ``betas`` the padded table)."""
+    for i in range(cs.shape[0]):
+        if not total > 0.0:
+            out[i] = last_b + 1
+            continue
+        est = np.floor((1.0 - np.float64(cs[i]) / total) * 1e5)
+        if not np.isfinite(est):
+            est = 0.0
+        base = np.int64(min(max(est - 3.0, 0.0), np.float64(last_b)))
+        count = 0
+        for j in range(7):
+            if np.float32(betas[base + j] * total) >= cs[i]:
+                count += 1
+        out[i] = base + count
+
+
+@kernel()
+def cascade_kernel(x, m):  # pragma: no cover (compiled)
+    """:func:`_cascade_last` of ``x[:m]`` (``x`` is overwritten): sums of 16, of 16 of those, ... (3
+    levels), then ``((l0 + l1) + l2) + l3`` over the levels' leftovers."""
+    zero = np.float32(0.0)
+    left = np.zeros(4, np.float32)
+    size = m
+    for level in range(3):
+        groups = size // 16
+        acc = zero
+        for j in range(16 * groups, size):
+            acc += x[j]
+        left[level] = acc
+        for g in range(groups):
+            acc = zero
+            for j in range(16 * g, 16 * g + 16):
+                acc += x[j]
+            x[g] = acc
+        size = groups
+    acc = zero
+    for j in range(size):
+        acc += x[j]
+    return ((left[0] + left[1]) + left[2]) + acc
+
+
+@kernel()
+def sum32_kernel(v, scratch):  # pragma: no cover (compiled)
+    """:func:`_sum32` of a 1-D float32 array (torch's ``cascade_sum`` order); ``scratch`` holds at least
+    ``v.shape[0] // 32 + 1`` float32."""
+    n = v.shape[0]
+    lanes = 8 if n >= 8 else 1
+    nvec = n // lanes
+    ilp = nvec // 4
+    cols = 4 * lanes
+    part = np.empty(cols, np.float32)
+    for c in range(cols):  # column c of the (ilp, 4 * lanes) blocks
+        for j in range(ilp):
+            scratch[j] = v[j * cols + c]
+        part[c] = cascade_kernel(scratch, ilp)
+    acc = part[:lanes].copy()
+    for t in range(4 * ilp, nvec):
+        for lane in range(lanes):
+            acc[lane] += v[t * lanes + lane]
+    for k in range(1, 4):
+        for lane in range(lanes):
+            acc[lane] += part[k * lanes + lane]
+    if lanes == 1:
+        return acc[0]
+    out = np.float32(0.0)
+    for i in range(nvec * lanes, n):
+        out += v[i]
+    for lane in range(lanes):
+        out += acc[lane]
+    return out
+
+
+@kernel()
+def floor_div_kernel(a, b):  # pragma: no cover (compiled)
+    """:func:`_floor_div` of two float32 scalars."""
+    if np.isinf(a):
+        return np.float32(np.nan)
+    q = np.float32(np.floor(a / b))
+    if np.float64(q) * np.float64(b) > np.float64(a):
+        q -= np.float32(1.0)
+    return q
+
+
+@kernel()
+def clip_kernel(x, top):  # pragma: no cover (compiled)
+    """``clip(x, 0, top)`` as NumPy's (NaN stays NaN)."""
+    if np.isnan(x):
+        return x
+    return min(max(x, np.float32(0.0)), top)
+
+
+@kernel()
+def errors_kernel(hist, starts, ends, bin_width, dst_nbins, top, stop, out):  # pragma: no cover (compiled)
+    """:func:`_errors` for host arrays: the same float32 operations in the same order, each row summed
+    in :func:`_sum32`'s order, into ``out`` (float32). ``bin_width``, ``dst_nbins`` and ``top =
+    dst_nbins - 1`` are Python floats. Returns the index of the first error above the previous one
+    (``len(starts)`` if none); with ``stop``, the candidates after it are not evaluated (``out`` keeps
+    what it held there)."""
+    n = hist.shape[0]
+    w32 = np.float32(bin_width)
+    top = np.float32(top)
+    three, half_one, one = np.float32(3.0), np.float32(0.5), np.float32(1.0)
+    density = np.empty(n, np.float32)
+    for i in range(n):
+        density[i] = hist[i] / w32
+    row = np.empty(n, np.float32)
+    scratch = np.empty(n // 32 + 1, np.float32)
+    rise = starts.shape[0]
+    for c in range(starts.shape[0]):
+        s = starts[c]
+        dst64 = bin_width * np.float64(ends[c] - s + 1) / dst_nbins
+        out[c] = np.float32(0.0)
+        if dst64 != 0.0:
+            dst = np.float32(dst64)
+            half = np.float32(dst64 / 2.0)
+            neg_half = -half
+            half3 = half * half * half
+            neg_half3 = neg_half * neg_half * neg_half
+            inner = (half3 - neg_half3) / three
+            for i in range(n):
+                begin = np.float32(i - s) * w32
+                end = begin + w32
+                p = clip_kernel(floor_div_kernel(begin, dst), top)
+                q = clip_kernel(floor_div_kernel(end, dst), top)
+                d = density[i]
+                db = begin - (p + half_one) * dst
+                norm = d * ((half3 - db * db * db) / three)
+                norm = norm + ((q - p) - one) * (d * inner)
+                de = end - (q * dst + half)
+                row[i] = norm + d * ((de * de * de - neg_half3) / three)
+            out[c] = sum32_kernel(row, scratch)
+        if c > 0 and out[c] > out[c - 1] and rise == starts.shape[0]:
+            rise = c
+            if stop:
+                break
+    return rise

@@ -19,8 +19,9 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
-from ._compiled import fma, host_scalar, host_view, kernel, numpy_views, split_sum, threads
+from ._compiled import counts_kernel, host_scalar, host_view, numpy_views, rebin_kernel, split_sum, threads
 from ._minmax import aminmax
+from ._validate import check_int
 from ._namespace import (
     array_namespace,
     bincount,
@@ -50,7 +51,7 @@ _F32_MAX = float(np.finfo(np.float32).max)
 _SCALE = 2.0**-26  # rescales (x - lo) * bins when it would overflow float32 (bins <= 2**24)
 
 # dst_nbins of torch's HistogramObserver: 2 ** torch.iinfo(dtype).bits (quint4x2 is stored in 8 bits).
-_DST_BITS = {
+DST_BITS = {
     "qint8": 8, "quint8": 8, "int8": 8, "uint8": 8, "quint4x2": 8,
     "int16": 16, "uint16": 16, "qint32": 32, "int32": 32,
 }  # fmt: skip
@@ -69,23 +70,17 @@ class HistogramState(NamedTuple):
 # validation and small helpers
 
 
-def _check_bins(bins: Any, *, name: str = "bins") -> int:
-    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(bins).__name__} {bins!r}")
-    if not 1 <= bins <= MAX_BINS:
-        raise ValueError(f"{name}={bins} is out of range; allowed: 1 <= {name} <= 2**24")
-    return int(bins)
+def check_bins(bins: Any, *, name: str = "bins") -> int:
+    """``bins`` as an int in ``[1, 2**24]`` (``TypeError``/``ValueError`` naming ``name``)."""
+    return check_int(bins, name, minimum=1, maximum=MAX_BINS)
 
 
-def _check_upsample_rate(upsample_rate: Any) -> int:
-    if isinstance(upsample_rate, bool) or not isinstance(upsample_rate, (int, np.integer)):
-        raise TypeError(f"upsample_rate must be an int, got {type(upsample_rate).__name__} {upsample_rate!r}")
-    if not 1 <= upsample_rate <= 2**16:
-        raise ValueError(f"upsample_rate={upsample_rate} is out of range; allowed: 1 <= upsample_rate <= 65536")
-    return int(upsample_rate)
+def check_upsample_rate(upsample_rate: Any) -> int:
+    """``upsample_rate`` as an int in ``[1, 65536]``."""
+    return check_int(upsample_rate, "upsample_rate", minimum=1, maximum=2**16)
 
 
-def _check_state(state: Any, *, name: str = "state") -> int:
+def check_state(state: Any, *, name: str = "state") -> int:
     """The number of bins of a well-formed state; ``ValueError`` naming the bad field otherwise."""
     try:
         hist, lo, hi = state.histogram, state.min_val, state.max_val
@@ -96,18 +91,18 @@ def _check_state(state: Any, *, name: str = "state") -> int:
     for field, arr in (("min_val", lo), ("max_val", hi)):
         if arr.ndim != 0:
             raise ValueError(f"{name}.{field} must be 0-d, got shape {tuple(arr.shape)}")
-    return _check_bins(hist.shape[0], name=f"{name}.histogram.shape[0]")
+    return check_bins(hist.shape[0], name=f"{name}.histogram.shape[0]")
 
 
 def _device(x: Array) -> Any:
     return array_api_compat.device(x)
 
 
-def _scalar(value: float, like: Array, xp: Any) -> Array:
+def scalar_like(value: float, like: Array, xp: Any) -> Array:
     return xp.asarray(value, dtype=like.dtype, device=_device(like))
 
 
-def _float64_scope(xp: Any):
+def float64_scope(xp: Any):
     """Where torch computes in Python floats (double), we compute in float64; JAX without x64 gets it
     for the duration of the block (also while tracing under ``jit``)."""
     if is_jax_namespace(xp):
@@ -118,7 +113,7 @@ def _float64_scope(xp: Any):
     return contextlib.nullcontext()
 
 
-def _div(a: Array, b: Any, xp: Any) -> Array:
+def true_divide(a: Array, b: Any, xp: Any) -> Array:
     """``a / b`` as IEEE division. XLA (JAX) turns a division by a scalar or a constant into a
     multiplication by the reciprocal, which can be off in the last bit: Python-number divisors go through
     :func:`divide_by_constant`; an array divisor is spread over ``a``'s elements through ``(a == a)``
@@ -137,7 +132,7 @@ def _fma32(a: Array, m: Array, c: Array, xp: Any) -> Array:
     case where rounding twice differs from rounding once (a float32 half-way point) is decided by that
     error's sign."""
     f32, f64 = xp.float32, xp.float64
-    with _float64_scope(xp):
+    with float64_scope(xp):
         p = xp.astype(a, f64) * xp.astype(m, f64)
         c64 = xp.astype(c, f64)
         s = p + c64
@@ -145,7 +140,7 @@ def _fma32(a: Array, m: Array, c: Array, xp: Any) -> Array:
         err = (p - (s - bv)) + (c64 - bv)
         r = xp.astype(s, f32)
         r64 = xp.astype(r, f64)
-        toward = xp.where(s > r64, _scalar(INF, r, xp), _scalar(-INF, r, xp))
+        toward = xp.where(s > r64, scalar_like(INF, r, xp), scalar_like(-INF, r, xp))
         r2 = xp.nextafter(r, toward)
         tie = (s == (r64 + xp.astype(r2, f64)) / 2) & (err != 0) & (s != r64)
         fixed = xp.where(err > 0, xp.maximum(r, r2), xp.minimum(r, r2))
@@ -163,7 +158,7 @@ def _linspace(start: Array, end: Array, steps: int, xp: Any) -> Array:
 
         return torch.linspace(start, end, steps, dtype=start.dtype, device=start.device)
     idt = index_dtype(xp)
-    step = _div(end - start, float(steps - 1), xp)
+    step = true_divide(end - start, float(steps - 1), xp)
     i = xp.arange(steps, dtype=idt, device=_device(start))
     lower = i < steps // 2
     m = xp.where(lower, i, steps - 1 - i)
@@ -195,7 +190,7 @@ def _bincount_weighted(idx: Array, weights: Array, length: int, xp: Any) -> Arra
         return out
     # portable: idx is sorted, so each bin sums a contiguous run; differences of a float64 running sum
     # (each bin's sum correctly rounded, where torch adds sequentially in float32)
-    with _float64_scope(xp):
+    with float64_scope(xp):
         cs = xp.cumulative_sum(xp.astype(weights, xp.float64), include_initial=True)
         edges = xp.searchsorted(idx, xp.arange(length + 1, dtype=idx.dtype, device=_device(idx)), side="left")
         sums = xp.take(cs, edges[1:]) - xp.take(cs, edges[:-1])
@@ -212,7 +207,7 @@ def _histc_range(lo: Array, hi: Array, data_lo: Array, data_hi: Array, xp: Any) 
     lo = xp.where(degenerate, data_lo, lo)
     hi = xp.where(degenerate, data_hi, hi)
     point = lo == hi
-    big = _scalar(float(xp.finfo(lo.dtype).max), lo, xp)
+    big = scalar_like(float(xp.finfo(lo.dtype).max), lo, xp)
     wide_lo = xp.minimum(xp.nextafter(lo, -big), lo - 1)
     wide_hi = xp.maximum(xp.nextafter(hi, big), hi + 1)
     return xp.where(point, wide_lo, lo), xp.where(point, wide_hi, hi)
@@ -237,30 +232,6 @@ def _finite_range(xf: Array, xp: Any) -> tuple[Array, Array]:
     return aminmax(xf, ignore_nonfinite=True, xp=xp)
 
 
-_CHUNK = 4096  # the compiled kernel bins this many values (vectorized), then counts them
-
-
-@kernel()
-def _counts_kernel(x, lo, hi, lo_half, half, num, den, bins, bounded):  # pragma: no cover (compiled)
-    """:func:`_counts` for host memory: the same float32 operations per element, ``_CHUNK`` values at a
-    time binned branch-free (so it vectorizes: the slice keeps indices non-negative, which numba needs
-    to drop its wraparound checks), then counted."""
-    zero, nan_bin, out_bin = x.dtype.type(0), x.dtype.type(bins + 1), x.dtype.type(bins + 2)
-    counts = np.zeros(bins + 3, dtype=np.int64)
-    idx = np.empty(_CHUNK, dtype=np.int32)
-    for start in range(0, x.shape[0], _CHUNK):
-        chunk = x[start:start + _CHUNK]
-        for j in range(chunk.shape[0]):
-            v = chunk[j]
-            pos = (v * half - lo_half) * num / den
-            b = zero if pos <= zero else pos
-            b = out_bin if b >= out_bin else b
-            b = out_bin if pos - pos != zero else b  # +/-inf (and NaN, next line)
-            b = out_bin if bounded and not (lo <= v <= hi) else b
-            idx[j] = np.int32(nan_bin if pos != pos else b)
-        for j in range(chunk.shape[0]):
-            counts[idx[j]] += 1
-    return counts
 
 
 def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: bool) -> Array:
@@ -271,18 +242,18 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
     Bin of ``x``: ``trunc((x - lo) * bins / (hi - lo))`` in ``xf``'s float arithmetic. When that product
     would overflow, numerator and denominator are scaled by ``2**-26`` (exact, same quotient); when even
     ``hi - lo`` overflows, ``x`` and the bounds are halved first."""
-    half = xp.where(xp.isfinite(hi - lo), _scalar(1.0, lo, xp), _scalar(0.5, lo, xp))
+    half = xp.where(xp.isfinite(hi - lo), scalar_like(1.0, lo, xp), scalar_like(0.5, lo, xp))
     width = hi * half - lo * half
     over = ~xp.isfinite(width * float(bins))
-    num = xp.where(over, _scalar(bins * _SCALE, lo, xp), _scalar(float(bins), lo, xp))
+    num = xp.where(over, scalar_like(bins * _SCALE, lo, xp), scalar_like(float(bins), lo, xp))
     den = xp.where(over, width * _SCALE, width)
     lo_half = lo * half
     nan_bin, out_bin = float(bins + 1), float(bins + 2)
     host = host_view(xf, xp)
     if host is not None:
         bounds = (host_scalar(v) for v in (lo, hi, lo_half, half, num, den))
-        return xp.asarray(split_sum(_counts_kernel, host, threads(host.shape[0]), *bounds, bins, bounded))
-    pos = _div((xf * half - lo_half) * num, den, xp)
+        return xp.asarray(split_sum(counts_kernel, host, threads(host.shape[0]), *bounds, bins, bounded))
+    pos = true_divide((xf * half - lo_half) * num, den, xp)
     pos = xp.where(xp.isnan(pos), nan_bin, xp.where(xp.isfinite(pos), xp.clip(pos, 0.0, out_bin), out_bin))
     if bounded:
         pos = xp.where((xf >= lo) & (xf <= hi) | xp.isnan(xf), pos, out_bin)
@@ -298,8 +269,8 @@ def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[A
     Counted in integers, converted to float at the end."""
     lo, hi = _histc_range(lo, hi, data[0], data[1], xp)
     ok = (hi > lo) & xp.isfinite(lo) & xp.isfinite(hi)
-    lo = xp.where(ok, lo, _scalar(0.0, lo, xp))
-    hi = xp.where(ok, hi, _scalar(1.0, hi, xp))
+    lo = xp.where(ok, lo, scalar_like(0.0, lo, xp))
+    hi = xp.where(ok, hi, scalar_like(1.0, hi, xp))
     c = _counts(xf, bins, lo, hi, xp, bounded=bounded)
     last = xp.reshape(c[bins - 1] + c[bins], (1,))
     counts = xp.concat([c[: bins - 1], last])
@@ -335,7 +306,7 @@ def histogram(x: Array, /, *, bins: int, lo: Any, hi: Any, xp: Any = None) -> Ar
     """
     xp = array_namespace(x, xp=xp)
     check_real(x, xp)
-    bins = _check_bins(bins)
+    bins = check_bins(bins)
     dtype = xp.float64 if x.dtype == xp.float64 else xp.float32
     bounds = []
     for name, value in (("lo", lo), ("hi", hi)):
@@ -364,7 +335,7 @@ def histogram(x: Array, /, *, bins: int, lo: Any, hi: Any, xp: Any = None) -> Ar
 
 def histogram_init(*, bins: int, xp: Any, device: Any = None) -> HistogramState:
     """An empty state: ``bins`` zero counts (float32), ``min_val = +inf``, ``max_val = -inf``."""
-    bins = _check_bins(bins)
+    bins = check_bins(bins)
     return HistogramState(
         xp.zeros((bins,), dtype=xp.float32, device=device),
         xp.asarray(INF, dtype=xp.float32, device=device),
@@ -372,51 +343,24 @@ def histogram_init(*, bins: int, xp: Any, device: Any = None) -> HistogramState:
     )
 
 
-@kernel()
-def _linspace_kernel(start, end, steps):  # pragma: no cover (compiled; checked against torch.linspace)
-    """:func:`_linspace` for host memory, with true fused multiply-adds."""
-    out = np.empty(steps, dtype=np.float32)
-    step = (end - start) / np.float32(steps - 1)
-    for i in range(steps):
-        out[i] = fma(step, np.float32(i), start) if i < steps // 2 else fma(-step, np.float32(steps - 1 - i), end)
-    return out
-
-
-@kernel()
-def _rebin_kernel(hist, old_min, old_max, new_min, new_max, up):  # pragma: no cover (compiled)
-    """:func:`_rebin` for host memory: the same float32 operations, one pass. The sub-bin midpoints are
-    found among the edges by a forward scan (they rise with ``i``; a midpoint below the previous one
-    restarts the scan, so the bucket is ``bucketize``'s in every case) and added up in order."""
-    bins = hist.shape[0]
-    parts = bins * up
-    half_width = np.float32(0.5) * ((old_max - old_min) / np.float32(parts))
-    mids = _linspace_kernel(old_min, old_max, parts + 1)
-    edges = _linspace_kernel(new_min, new_max, bins + 1)
-    out = np.zeros(bins, dtype=np.float32)
-    j, previous = 0, -np.inf
-    for i in range(parts):
-        mid = mids[i] + half_width
-        if mid < previous:
-            j = 0
-        previous = mid
-        while j <= bins and edges[j] <= mid:  # j = #{edges <= mid}
-            j += 1
-        out[min(max(j - 1, 0), bins - 1)] += hist[i // up] / np.float32(up)
-    return out
-
-
 def _rebin(hist: Array, old_min: Array, old_max: Array, new_min: Array, new_max: Array, up: int, xp: Any) -> Array:
     """torch's ``_upscale_histogram``: split each bin into ``up`` equal parts of ``h / up``, place each part
     by its midpoint ``linspace(old_min, old_max, bins*up + 1)[:-1] + (old_max - old_min) / (2*bins*up)``
     into the new bins ``linspace(new_min, new_max, bins + 1)`` (``bucketize(right=True) - 1``, clamped),
-    and add the parts up in order (float32)."""
+    and add the parts up in order (float32).
+
+    Where ``new_max - new_min`` overflows float32 (a range wider than float32's maximum: torch's
+    ``linspace`` gives NaN edges there and its result is undefined), all four bounds are halved first
+    (exact), which places every part where torch's formula means it, identically on every path."""
+    half = xp.where(xp.isfinite(new_max - new_min), scalar_like(1.0, new_min, xp), scalar_like(0.5, new_min, xp))
+    old_min, old_max, new_min, new_max = (v * half for v in (old_min, old_max, new_min, new_max))
     host = host_view(hist, xp)
     if host is not None:
         bounds = (host_scalar(v) for v in (old_min, old_max, new_min, new_max))
-        return xp.asarray(_rebin_kernel(host, *bounds, up))
+        return xp.asarray(rebin_kernel(host, *bounds, up))
     bins = hist.shape[0]
-    parts = xp.reshape(xp.broadcast_to(xp.reshape(_div(hist, float(up), xp), (bins, 1)), (bins, up)), (-1,))
-    part_width = _div(old_max - old_min, float(bins * up), xp)
+    parts = xp.reshape(xp.broadcast_to(xp.reshape(true_divide(hist, float(up), xp), (bins, 1)), (bins, up)), (-1,))
+    part_width = true_divide(old_max - old_min, float(bins * up), xp)
     mids = _linspace(old_min, old_max, bins * up + 1, xp)[:-1] + 0.5 * part_width
     edges = _linspace(new_min, new_max, bins + 1, xp)
     idx = xp.searchsorted(edges, mids, side="right") - 1
@@ -461,7 +405,7 @@ def _to_range(state: HistogramState, new_min: Array, new_max: Array, up: int, xp
         return _rebin(hist, old_min, old_max, new_min, new_max, up, xp)
     # every branch is computed (jit, devices); the unused ones get harmless finite inputs
     rebin = ~(empty | same | point)
-    zero, one = _scalar(0.0, old_min, xp), _scalar(1.0, old_min, xp)
+    zero, one = scalar_like(0.0, old_min, xp), scalar_like(1.0, old_min, xp)
     lo = xp.where(rebin, old_min, zero)
     hi = xp.where(rebin, old_max, one)
     nlo = xp.where(rebin, new_min, zero)
@@ -512,8 +456,8 @@ def histogram_update_counting(
 ) -> tuple[HistogramState, Array]:
     """:func:`histogram_update`, plus ``[number of +/-inf, number of NaN]`` in ``x`` (1-D integer array),
     counted while binning: what an adapter needs for torch's warnings without another pass over ``x``."""
-    bins = _check_state(state)
-    up = _check_upsample_rate(upsample_rate)
+    bins = check_state(state)
+    up = check_upsample_rate(upsample_rate)
     xp = array_namespace(state.histogram, xp=xp)
     check_real(x, xp)
     if size(x) == 0:
@@ -542,7 +486,7 @@ def histogram_update_counting(
         new_max = xp.where(seen, new_max, state.max_val)
         if not ignore_nonfinite:
             poisoned = poisoned | (nans > 0)
-        nan = _scalar(float("nan"), new_min, xp)
+        nan = scalar_like(float("nan"), new_min, xp)
         new = HistogramState(
             xp.where(poisoned, state.histogram, hist),
             xp.where(poisoned, nan, new_min),
@@ -557,11 +501,11 @@ def histogram_merge(a: HistogramState, b: HistogramState, /, *, upsample_rate: i
     Commutative, with :func:`histogram_init` as identity; re-binning is lossy, so it is associative only
     up to that loss, and ``merge(a, batch state)`` differs from ``update(a, batch)`` unless the batch
     state's range already is the merged range (update bins the raw values)."""
-    bins_a, bins_b = _check_state(a, name="a"), _check_state(b, name="b")
+    bins_a, bins_b = check_state(a, name="a"), check_state(b, name="b")
     xp = array_namespace(a.histogram, b.histogram, xp=xp)
     if bins_a != bins_b:
         raise ValueError(f"a has {bins_a} bins and b has {bins_b}; merge needs the same number of bins")
-    up = _check_upsample_rate(upsample_rate)
+    up = check_upsample_rate(upsample_rate)
     with np.errstate(all="ignore"):
         new_min = xp.minimum(a.min_val, b.min_val)
         new_max = xp.maximum(a.max_val, b.max_val)

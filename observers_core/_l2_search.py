@@ -16,25 +16,26 @@ order, bit for bit.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 import numpy as np
 
 from . import _compiled
-from ._compiled import kernel, numpy_views
+from ._compiled import cumsum32_kernel, end_steps_kernel, errors_kernel, numpy_views, sum32_kernel
 from ._dtypes import QuantSpec
 from ._histogram import (
-    _DST_BITS,
+    DST_BITS,
     INF,
     HistogramState,
-    _check_bins,
-    _check_state,
-    _device,
-    _div,
-    _float64_scope,
-    _scalar,
+    check_bins,
+    check_state,
+    true_divide,
+    float64_scope,
+    scalar_like,
 )
 from ._namespace import (
+    device_of,
     array_namespace,
     index_dtype,
     is_jax_namespace,
@@ -44,7 +45,7 @@ from ._namespace import (
 )
 from ._qparams import QParams, calculate_qparams
 
-__all__ = ["histogram_qparams", "non_linear_param_search"]
+__all__ = ["check_histogram", "histogram_qparams", "non_linear_param_search"]
 
 Array = Any
 
@@ -57,11 +58,11 @@ def _floor_div(a: Array, b: Array, xp: Any) -> Array:
     exact floor of the real quotient (torch reaches it through ``fmod``, 20x slower in NumPy). The
     rounded quotient is floored and lowered by one where ``q * b > a`` (checked exactly in float64);
     an infinite ``a`` gives NaN like ``fmod``."""
-    q = xp.floor(_div(a, b, xp))
-    with _float64_scope(xp):
+    q = xp.floor(true_divide(a, b, xp))
+    with float64_scope(xp):
         above = xp.astype(q, xp.float64) * xp.astype(b, xp.float64) > xp.astype(a, xp.float64)
     q = q - xp.astype(above, q.dtype)
-    return xp.where(xp.isinf(a), _scalar(float("nan"), q, xp), q)
+    return xp.where(xp.isinf(a), scalar_like(float("nan"), q, xp), q)
 
 
 def _cummin(v: Array, xp: Any) -> Array:
@@ -78,7 +79,7 @@ def _cummin(v: Array, xp: Any) -> Array:
 
         return jax.lax.cummin(v)
     n = v.shape[0]
-    big = xp.full((n,), int(np.iinfo(np.int32).max), dtype=v.dtype, device=_device(v))
+    big = xp.full((n,), int(np.iinfo(np.int32).max), dtype=v.dtype, device=device_of(v))
     shift = 1
     while shift < n:
         v = xp.minimum(v, xp.concat([big[:shift], v[:-shift]]))
@@ -88,7 +89,7 @@ def _cummin(v: Array, xp: Any) -> Array:
 
 def _seqsum_last(x: Array, xp: Any) -> Array:
     """``((x[..., 0] + x[..., 1]) + ...)`` in x's float arithmetic, one add at a time (0 when empty)."""
-    acc = xp.zeros(x.shape[:-1], dtype=x.dtype, device=_device(x))
+    acc = xp.zeros(x.shape[:-1], dtype=x.dtype, device=device_of(x))
     for j in range(x.shape[-1]):
         acc = acc + x[..., j]
     return acc
@@ -103,7 +104,7 @@ def _cascade_last(x: Array, xp: Any) -> Array:
         groups = level.shape[-1] // 16
         leftovers.append(_seqsum_last(level[..., 16 * groups:], xp))
         level = _seqsum_last(xp.reshape(level[..., : 16 * groups], lead + (groups, 16)), xp) if groups else \
-            xp.zeros(lead + (0,), dtype=x.dtype, device=_device(x))
+            xp.zeros(lead + (0,), dtype=x.dtype, device=device_of(x))
     leftovers.append(_seqsum_last(level, xp))
     out = leftovers[0]
     for part in leftovers[1:]:
@@ -143,19 +144,10 @@ def _cumsum32(v: Array, xp: Any) -> Array:
     to float32 (compiled for NumPy arrays)."""
     if _compiled_on(xp):
         out = np.empty(v.shape[0], np.float32)
-        _cumsum32_kernel(v, out)
+        cumsum32_kernel(v, out)
         return out
-    with _float64_scope(xp):
+    with float64_scope(xp):
         return xp.astype(xp.cumulative_sum(xp.astype(v, xp.float64)), xp.float32)
-
-
-@kernel()
-def _cumsum32_kernel(v, out):  # pragma: no cover (compiled)
-    """:func:`_cumsum32` of a NumPy array into ``out``: one float64 sum, left to right."""
-    acc = 0.0
-    for i in range(v.shape[0]):
-        acc += np.float64(v[i])
-        out[i] = np.float32(acc)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -202,38 +194,20 @@ def _end_steps(cs: Array, total: Array, xp: Any) -> Array:
     last_b = betas.shape[0] - 7
     if _compiled_on(xp):
         out = np.empty(cs.shape[0], np.int64)
-        _end_steps_kernel(cs, float(total), betas, last_b, out)
+        end_steps_kernel(cs, float(total), betas, last_b, out)
         return out
     idt = index_dtype(xp)
-    dev = _device(cs)
-    with _float64_scope(xp):
+    dev = device_of(cs)
+    with float64_scope(xp):
         t64 = xp.astype(total, xp.float64)
         c64 = xp.astype(cs, xp.float64)
-        est = xp.floor((1.0 - _div(c64, t64, xp)) * 1e5)
+        est = xp.floor((1.0 - true_divide(c64, t64, xp)) * 1e5)
         est = xp.where(xp.isfinite(est), est, xp.zeros_like(est))
         base = xp.astype(xp.minimum(xp.maximum(est - 3.0, 0.0), float(last_b)), idt)
         window = xp.reshape(base[None, :] + xp.arange(7, dtype=idt, device=dev)[:, None], (-1,))  # (7 * n,)
         thr_b = xp.astype(xp.take(xp.asarray(betas, device=dev), window) * t64, xp.float32)
     bt = base + xp.sum(xp.astype(xp.reshape(thr_b, (7, cs.shape[0])) >= cs[None, :], idt), axis=0)
     return xp.where(total > 0, bt, xp.full_like(bt, last_b + 1))
-
-
-@kernel()
-def _end_steps_kernel(cs, total, betas, last_b, out):  # pragma: no cover (compiled)
-    """:func:`_end_steps` of a NumPy array (``total`` a Python float, ``betas`` the padded table)."""
-    for i in range(cs.shape[0]):
-        if not total > 0.0:
-            out[i] = last_b + 1
-            continue
-        est = np.floor((1.0 - np.float64(cs[i]) / total) * 1e5)
-        if not np.isfinite(est):
-            est = 0.0
-        base = np.int64(min(max(est - 3.0, 0.0), np.float64(last_b)))
-        count = 0
-        for j in range(7):
-            if np.float32(betas[base + j] * total) >= cs[i]:
-                count += 1
-        out[i] = base + count
 
 
 def _candidates(cs: Array, total: Array, n: int, xp: Any, *, limit: int | None = None):
@@ -255,10 +229,10 @@ def _candidates(cs: Array, total: Array, n: int, xp: Any, *, limit: int | None =
     and ``r`` end steps, so the step tables need only ``a, b <= m + 1`` (their counts saturate at ``m + 1``,
     past every rank asked for)."""
     idt = index_dtype(xp)
-    dev = _device(cs)
+    dev = device_of(cs)
     m = n if limit is None else limit
     a_np, bmax_np = _walk_prefix(n)
-    with _float64_scope(xp):
+    with float64_scope(xp):
         t64 = xp.astype(total, xp.float64)
         thr_a = xp.astype(xp.asarray(a_np[: m + 2], device=dev) * t64, xp.float32)  # alpha * total, in float32
     bt = _end_steps(cs, total, xp)
@@ -325,156 +299,31 @@ def _errors(hist: Array, starts: Array, ends: Array, bin_width: Array, dst_nbins
     0 when ``d == 0``."""
     n = hist.shape[0]
     f32 = xp.float32
-    with _float64_scope(xp):
+    with float64_scope(xp):
         widths = xp.astype(ends - starts + 1, xp.float64)
-        dst64 = _div(bin_width * widths, float(dst_nbins), xp)
+        dst64 = true_divide(bin_width * widths, float(dst_nbins), xp)
         dst = xp.astype(dst64, f32)[:, None]
         half = xp.astype(dst64 / 2, f32)[:, None]
         is_zero = dst64 == 0
         w32 = xp.astype(bin_width, f32)
     neg_half = -half
-    top = _scalar(float(dst_nbins - 1), w32, xp)
-    zero = _scalar(0.0, w32, xp)
-    i = xp.arange(n, dtype=starts.dtype, device=_device(hist))
+    top = scalar_like(float(dst_nbins - 1), w32, xp)
+    zero = scalar_like(0.0, w32, xp)
+    i = xp.arange(n, dtype=starts.dtype, device=device_of(hist))
     begin = rounded(xp.astype(i[None, :] - starts[:, None], f32) * w32, xp)
     end = begin + w32
     p = xp.clip(_floor_div(begin, dst, xp), zero, top)
     q = xp.clip(_floor_div(end, dst, xp), zero, top)
-    density = _div(hist, w32, xp)
+    density = true_divide(hist, w32, xp)
     half3 = rounded(half * half * half, xp)
     neg_half3 = rounded(neg_half * neg_half * neg_half, xp)
     db = begin - rounded((p + 0.5) * dst, xp)
-    norm = rounded(density * _div(half3 - rounded(db * db * db, xp), 3.0, xp), xp)
-    norm = norm + rounded(((q - p) - 1) * (density * _div(half3 - neg_half3, 3.0, xp)), xp)
+    norm = rounded(density * true_divide(half3 - rounded(db * db * db, xp), 3.0, xp), xp)
+    norm = norm + rounded(((q - p) - 1) * (density * true_divide(half3 - neg_half3, 3.0, xp)), xp)
     de = end - (rounded(q * dst, xp) + half)
-    norm = norm + rounded(density * _div(rounded(de * de * de, xp) - neg_half3, 3.0, xp), xp)
+    norm = norm + rounded(density * true_divide(rounded(de * de * de, xp) - neg_half3, 3.0, xp), xp)
     total = _sum32(norm, xp)
     return xp.where(is_zero, xp.zeros_like(total), total)
-
-
-# the same arithmetic compiled (numba), for host-memory arrays
-
-
-@kernel()
-def _cascade_kernel(x, m):  # pragma: no cover (compiled)
-    """:func:`_cascade_last` of ``x[:m]`` (``x`` is overwritten): sums of 16, of 16 of those, ... (3
-    levels), then ``((l0 + l1) + l2) + l3`` over the levels' leftovers."""
-    zero = np.float32(0.0)
-    left = np.zeros(4, np.float32)
-    size = m
-    for level in range(3):
-        groups = size // 16
-        acc = zero
-        for j in range(16 * groups, size):
-            acc += x[j]
-        left[level] = acc
-        for g in range(groups):
-            acc = zero
-            for j in range(16 * g, 16 * g + 16):
-                acc += x[j]
-            x[g] = acc
-        size = groups
-    acc = zero
-    for j in range(size):
-        acc += x[j]
-    return ((left[0] + left[1]) + left[2]) + acc
-
-
-@kernel()
-def _sum32_kernel(v, scratch):  # pragma: no cover (compiled)
-    """:func:`_sum32` of a 1-D float32 array (torch's ``cascade_sum`` order); ``scratch`` holds at least
-    ``v.shape[0] // 32 + 1`` float32."""
-    n = v.shape[0]
-    lanes = 8 if n >= 8 else 1
-    nvec = n // lanes
-    ilp = nvec // 4
-    cols = 4 * lanes
-    part = np.empty(cols, np.float32)
-    for c in range(cols):  # column c of the (ilp, 4 * lanes) blocks
-        for j in range(ilp):
-            scratch[j] = v[j * cols + c]
-        part[c] = _cascade_kernel(scratch, ilp)
-    acc = part[:lanes].copy()
-    for t in range(4 * ilp, nvec):
-        for lane in range(lanes):
-            acc[lane] += v[t * lanes + lane]
-    for k in range(1, 4):
-        for lane in range(lanes):
-            acc[lane] += part[k * lanes + lane]
-    if lanes == 1:
-        return acc[0]
-    out = np.float32(0.0)
-    for i in range(nvec * lanes, n):
-        out += v[i]
-    for lane in range(lanes):
-        out += acc[lane]
-    return out
-
-
-@kernel()
-def _floor_div_kernel(a, b):  # pragma: no cover (compiled)
-    """:func:`_floor_div` of two float32 scalars."""
-    if np.isinf(a):
-        return np.float32(np.nan)
-    q = np.float32(np.floor(a / b))
-    if np.float64(q) * np.float64(b) > np.float64(a):
-        q -= np.float32(1.0)
-    return q
-
-
-@kernel()
-def _clip_kernel(x, top):  # pragma: no cover (compiled)
-    """``clip(x, 0, top)`` as NumPy's (NaN stays NaN)."""
-    if np.isnan(x):
-        return x
-    return min(max(x, np.float32(0.0)), top)
-
-
-@kernel()
-def _errors_kernel(hist, starts, ends, bin_width, dst_nbins, top, stop, out):  # pragma: no cover (compiled)
-    """:func:`_errors` for host arrays: the same float32 operations in the same order, each row summed
-    in :func:`_sum32`'s order, into ``out`` (float32). ``bin_width``, ``dst_nbins`` and ``top =
-    dst_nbins - 1`` are Python floats. Returns the index of the first error above the previous one
-    (``len(starts)`` if none); with ``stop``, the candidates after it are not evaluated (``out`` keeps
-    what it held there)."""
-    n = hist.shape[0]
-    w32 = np.float32(bin_width)
-    top = np.float32(top)
-    three, half_one, one = np.float32(3.0), np.float32(0.5), np.float32(1.0)
-    density = np.empty(n, np.float32)
-    for i in range(n):
-        density[i] = hist[i] / w32
-    row = np.empty(n, np.float32)
-    scratch = np.empty(n // 32 + 1, np.float32)
-    rise = starts.shape[0]
-    for c in range(starts.shape[0]):
-        s = starts[c]
-        dst64 = bin_width * np.float64(ends[c] - s + 1) / dst_nbins
-        out[c] = np.float32(0.0)
-        if dst64 != 0.0:
-            dst = np.float32(dst64)
-            half = np.float32(dst64 / 2.0)
-            neg_half = -half
-            half3 = half * half * half
-            neg_half3 = neg_half * neg_half * neg_half
-            inner = (half3 - neg_half3) / three
-            for i in range(n):
-                begin = np.float32(i - s) * w32
-                end = begin + w32
-                p = _clip_kernel(_floor_div_kernel(begin, dst), top)
-                q = _clip_kernel(_floor_div_kernel(end, dst), top)
-                d = density[i]
-                db = begin - (p + half_one) * dst
-                norm = d * ((half3 - db * db * db) / three)
-                norm = norm + ((q - p) - one) * (d * inner)
-                de = end - (q * dst + half)
-                row[i] = norm + d * ((de * de * de - neg_half3) / three)
-            out[c] = _sum32_kernel(row, scratch)
-        if c > 0 and out[c] > out[c - 1] and rise == starts.shape[0]:
-            rise = c
-            if stop:
-                break
-    return rise
 
 
 def _compiled_on(xp: Any) -> bool:
@@ -484,10 +333,10 @@ def _compiled_on(xp: Any) -> bool:
 
 def _errors_compiled(hist: Array, starts: Array, ends: Array, bin_width: Array, dst_nbins: int, *,
                      stop: bool = False) -> tuple[np.ndarray, int]:
-    """:func:`_errors` of NumPy arrays through :func:`_errors_kernel`: ``(errors, first_rise)``; with
+    """:func:`_errors` of NumPy arrays through :func:`errors_kernel`: ``(errors, first_rise)``; with
     ``stop``, the errors after the first rise are not evaluated (left 0)."""
     out = np.zeros(starts.shape[0], np.float32)
-    rise = _errors_kernel(hist, starts, ends, float(bin_width), float(dst_nbins), float(dst_nbins - 1), stop, out)
+    rise = errors_kernel(hist, starts, ends, float(bin_width), float(dst_nbins), float(dst_nbins - 1), stop, out)
     return out, rise
 
 
@@ -500,7 +349,7 @@ def _search_bins_compiled(hist: Array, min_val: Array, max_val: Array, dst_nbins
     n = hist.shape[0]
     bin_width = (float(max_val) - float(min_val)) / n  # float64, as the array code
     cs = _cumsum32(hist, xp)
-    total = np.asarray(_sum32_kernel(hist, np.empty(n // 32 + 1, np.float32)))
+    total = np.asarray(sum32_kernel(hist, np.empty(n // 32 + 1, np.float32)))
     first = min(n, _FIRST_CANDIDATES)
     starts, ends, count = _candidates(cs, total, n, xp, limit=first)
     count = int(count)
@@ -562,13 +411,13 @@ def _search_bins(hist: Array, min_val: Array, max_val: Array, dst_nbins: int, xp
     if _compiled_on(xp):
         return _search_bins_compiled(hist, min_val, max_val, dst_nbins, xp)
     n = hist.shape[0]
-    with _float64_scope(xp):
-        bin_width = _div(xp.astype(max_val, xp.float64) - xp.astype(min_val, xp.float64), float(n), xp)
+    with float64_scope(xp):
+        bin_width = true_divide(xp.astype(max_val, xp.float64) - xp.astype(min_val, xp.float64), float(n), xp)
     cs = _cumsum32(hist, xp)
     total = _sum32(hist, xp)
     starts, ends, count = _candidates(cs, total, n, xp)
     rows = _block_rows(n)
-    dev = _device(hist)
+    dev = device_of(hist)
     if is_jax_namespace(xp):  # possibly traced: blocks in a while_loop up to the first rise, no host sync
         errs, evaluated = _jax_errors(hist, starts, ends, count, bin_width, dst_nbins, xp)
     else:  # eager: blocks of growing size until the error rises (one host read per block)
@@ -600,6 +449,48 @@ def _search_bins(hist: Array, min_val: Array, max_val: Array, dst_nbins: int, xp
     return start, end
 
 
+def _traced(*arrays: Array) -> bool:
+    """Whether any array is a JAX tracer (inside ``jit``), where reading a value is impossible."""
+    jax = sys.modules.get("jax")
+    return jax is not None and any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+def check_histogram(histogram: Array, min_val: Array, max_val: Array, /, *, xp: Any = None,
+                    name: str = "histogram") -> None:  # fmt: skip
+    """``ValueError`` unless the counts are finite and ``>= 0`` and the range is ordered and not infinite
+    (``min_val <= max_val``; NaN bounds, a state poisoned by NaN, pass: they give NaN qparams).
+
+    Eager arrays only: the check reads three flags on the host (one sync). Under ``jax.jit`` (traced
+    arrays) nothing is checked and an invalid histogram gives an unspecified range."""
+    xp = array_namespace(histogram, min_val, max_val, xp=xp)
+    if _traced(histogram, min_val, max_val):
+        return
+    with np.errstate(all="ignore"):
+        lo = xp.astype(min_val, xp.float32, copy=False)
+        hi = xp.astype(max_val, xp.float32, copy=False)
+        flags = xp.stack([
+            xp.all((histogram >= 0) & xp.isfinite(histogram)),
+            ~(xp.isinf(lo) | xp.isinf(hi)),
+            ~(lo > hi),
+        ])
+    counts_ok, finite, ordered = (bool(v) for v in np.asarray(_host(flags)))
+    if not counts_ok:
+        raise ValueError(f"{name} must hold finite counts >= 0 (no negative, NaN or infinite count)")
+    if not finite:
+        raise ValueError(f"{name} range must be finite, got min_val={float(lo)}, max_val={float(hi)}")
+    if not ordered:
+        raise ValueError(f"{name} range must not decrease, got min_val={float(lo)} > max_val={float(hi)}")
+
+
+def _host(a: Array) -> Any:
+    """A small eager array as something NumPy reads (torch CUDA and CuPy arrays copied to the host)."""
+    if hasattr(a, "get"):
+        return a.get()
+    if hasattr(a, "cpu"):
+        return a.cpu()
+    return a
+
+
 def non_linear_param_search(
     histogram: Array, min_val: Array, max_val: Array, /, *, dst_nbins: int, xp: Any = None
 ) -> tuple[Array, Array]:
@@ -613,17 +504,19 @@ def non_linear_param_search(
     picks (same float32 arithmetic; error sums may differ by rounding order on non-torch backends).
 
     Returns ``(min_val + w * start, min_val + w * (end + 1))`` with ``w = (max_val - min_val) / bins``
-    (float32, 0-d). ``histogram`` must be non-negative.
+    (float32, 0-d). Eagerly, :func:`check_histogram` rejects negative, NaN or infinite counts and an
+    infinite or decreasing range with ``ValueError``; under ``jax.jit`` nothing is checked (no host sync).
     """
     xp = array_namespace(histogram, min_val, max_val, xp=xp)
     if histogram.ndim != 1 or histogram.shape[0] < 1:
         raise ValueError(f"histogram must have shape (bins,) with bins >= 1, got shape {tuple(histogram.shape)}")
-    _check_bins(histogram.shape[0], name="histogram.shape[0]")
+    check_bins(histogram.shape[0], name="histogram.shape[0]")
     for name, arr in (("min_val", min_val), ("max_val", max_val)):
         if arr.ndim != 0:
             raise ValueError(f"{name} must be 0-d, got shape {tuple(arr.shape)}")
     if isinstance(dst_nbins, bool) or not isinstance(dst_nbins, (int, np.integer)) or dst_nbins < 1:
         raise ValueError(f"dst_nbins={dst_nbins!r} must be an int >= 1")
+    check_histogram(histogram, min_val, max_val, xp=xp)
     with np.errstate(all="ignore"):
         hist = xp.astype(histogram, xp.float32, copy=False)
         lo = xp.astype(min_val, xp.float32, copy=False)
@@ -631,14 +524,14 @@ def non_linear_param_search(
         views = numpy_views(xp, hist, lo, hi)
         if views is not None:  # torch CPU tensors: the NumPy search on their views, results as tensors
             new = _search_range(*views, int(dst_nbins), array_namespace(views[0]))
-            return tuple(xp.asarray(v, device=_device(hist)) for v in new)
+            return tuple(xp.asarray(v, device=device_of(hist)) for v in new)
         return _search_range(hist, lo, hi, int(dst_nbins), xp)
 
 
 def _search_range(hist: Array, lo: Array, hi: Array, dst_nbins: int, xp: Any) -> tuple[Array, Array]:
     """``(lo + w * start, lo + w * (end + 1))`` for the bins :func:`_search_bins` finds, ``w = (hi - lo) / n``."""
     start, end = _search_bins(hist, lo, hi, dst_nbins, xp)
-    width = _div(hi - lo, float(hist.shape[0]), xp)
+    width = true_divide(hi - lo, float(hist.shape[0]), xp)
     new_min = lo + rounded(width * xp.astype(start, xp.float32), xp)
     return new_min, lo + rounded(width * xp.astype(end + 1, xp.float32), xp)
 
@@ -647,19 +540,22 @@ def histogram_qparams(state: HistogramState, /, spec: QuantSpec, *, xp: Any = No
     """torch's ``HistogramObserver.calculate_qparams``: :func:`non_linear_param_search` with
     ``dst_nbins = 2**bits(spec.dtype)``, then :func:`calculate_qparams` on the range found. A state that
     has seen nothing gives ``scale = 1``, ``zero_point = 0`` (torch also warns; adapters do that).
-    Per-tensor schemes and integer dtypes only, as in torch."""
-    _check_state(state)
+    Per-tensor schemes and integer dtypes only, as in torch. Invalid histograms: see
+    :func:`check_histogram` (eager ``ValueError``; unchecked under ``jax.jit``)."""
+    check_state(state)
     xp = array_namespace(state.histogram, xp=xp)
     if not spec.qscheme.is_per_tensor:
         raise ValueError(f"spec.qscheme={spec.qscheme.value} is not supported; allowed: per_tensor_affine, "
                          "per_tensor_symmetric")  # fmt: skip
-    if spec.dtype not in _DST_BITS:
+    if spec.dtype not in DST_BITS:
         raise ValueError(f"spec.dtype={spec.dtype} is not supported by the histogram search; allowed: "
-                         + ", ".join(_DST_BITS))  # fmt: skip
-    new_min, new_max = non_linear_param_search(
-        state.histogram, state.min_val, state.max_val, dst_nbins=2 ** _DST_BITS[spec.dtype], xp=xp
-    )
+                         + ", ".join(DST_BITS))  # fmt: skip
     empty = (state.min_val == INF) & (state.max_val == -INF)
+    zero = xp.zeros_like(state.min_val)
+    new_min, new_max = non_linear_param_search(  # an empty state searches [0, 0]; its result is replaced
+        state.histogram, xp.where(empty, zero, state.min_val), xp.where(empty, zero, state.max_val),
+        dst_nbins=2 ** DST_BITS[spec.dtype], xp=xp,
+    )
     new_min = xp.where(empty, state.min_val, new_min)
     new_max = xp.where(empty, state.max_val, new_max)
     return calculate_qparams(new_min, new_max, spec, xp=xp)

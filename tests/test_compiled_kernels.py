@@ -89,9 +89,9 @@ def test_counts_kernel_splits_over_threads_like_one_pass(xp):
         torch.set_num_threads(2)
         host = x.numpy() if xp is xt else x
         args = [_compiled.host_scalar(v) for v in (b[0], b[1], b[0], F32(1), F32(2048), F32(8))]
-        whole = H._counts_kernel(host, *args, 2048, True)
+        whole = _compiled.counts_kernel(host, *args, 2048, True)
         for workers, chunk in ((3, 1 << 16), (2, 4099), (8, 1 << 17)):
-            split = _compiled.split_sum(H._counts_kernel, host, workers, *args, 2048, True, chunk=chunk)
+            split = _compiled.split_sum(_compiled.counts_kernel, host, workers, *args, 2048, True, chunk=chunk)
             np.testing.assert_array_equal(whole, split, err_msg=f"workers={workers} chunk={chunk}")
         compiled, portable = _both_paths(lambda: H._counts(x, 2048, *b, xp, bounded=False))
         np.testing.assert_array_equal(np.asarray(compiled), np.asarray(portable))
@@ -111,9 +111,9 @@ def test_split_sum_does_not_wait_for_a_thread_that_never_runs(monkeypatch):
     blocker = busy.submit(release.wait)
     monkeypatch.setattr(_compiled, "_pool", busy)
     try:
-        split = _compiled.split_sum(H._counts_kernel, x, 2, *args, chunk=4096)
+        split = _compiled.split_sum(_compiled.counts_kernel, x, 2, *args, chunk=4096)
         assert not blocker.done()  # the helper never ran, and split_sum returned anyway
-        np.testing.assert_array_equal(split, H._counts_kernel(x, *args))
+        np.testing.assert_array_equal(split, _compiled.counts_kernel(x, *args))
     finally:
         release.set()
         busy.shutdown()
@@ -152,7 +152,7 @@ def test_linspace_kernel_is_torch_linspace():
         a, b = np.sort(rng.standard_normal(2).astype(F32) * F32(10.0 ** rng.uniform(-38, 37)))
         steps = int(rng.choice([2, 3, 17, 2049, 32769, int(rng.integers(2, 70000))]))
         expected = torch.linspace(torch.tensor(a), torch.tensor(b), steps).numpy()
-        np.testing.assert_array_equal(H._linspace_kernel(F32(a), F32(b), steps), expected, err_msg=f"{a} {b} {steps}")
+        np.testing.assert_array_equal(_compiled.linspace_kernel(F32(a), F32(b), steps), expected, err_msg=f"{a} {b} {steps}")
         np.testing.assert_array_equal(H._linspace(np.asarray(a), np.asarray(b), steps, xnp), expected)
 
 
