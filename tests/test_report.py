@@ -246,7 +246,9 @@ def test_qparams_equal_torch_ao_observers():
 def test_other_backends_give_the_numpy_rows(backend):
     pytest.importorskip(backend)
     x = _weights(1, (8, 64))
-    kw = dict(formats=["int8", "mxfp4"], methods=["minmax", "percentile", "mix"])
+    kw = dict(formats=["int8"], granularities=["per_tensor"], methods=["minmax", "percentile"])  # jax: eager compiles
+    if backend == "torch":
+        kw.update(formats=["int8", "mxfp4"], methods=["minmax", "percentile", "mix"], granularities=["per_tensor", "per_channel"])
     a, b = report_tensors({"t": x}, **kw), report_tensors({"t": x}, backend=backend, **kw)
     assert not any(r.error for r in a + b)
     assert [(r.format, r.granularity, r.method) for r in a] == [(r.format, r.granularity, r.method) for r in b]
