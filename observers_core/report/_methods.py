@@ -1,0 +1,232 @@
+"""One calibration of one tensor: each method through the core functions the observers use.
+
+A *case* is ``(format, granularity, method)``. Uniform 8-bit formats (``int8``: ``qint8`` symmetric,
+``uint8``: ``quint8`` affine, torch's ``QuantSpec``) take every method of :data:`UNIFORM_METHODS`;
+``histogram`` (torch's HistogramObserver) is per tensor only. The low-bit formats (int4/uint4, per
+group int8/uint8, fp8, MX, BFP) are min/max observers (Quark's) and take ``minmax`` only:
+``lowbit_stats`` -> ``lowbit_qparams`` -> ``lowbit_fake_quantize``.
+
+Methods on a list of batches ``X_1..X_B`` (a file's tensor is one batch):
+
+- ``minmax``: :func:`observers_core.minmax_update` over the batches, :func:`minmax_qparams`;
+- ``moving_average``: :func:`moving_average_update` (``c = 0.01``, torch's default; the first batch
+  initialises, so one batch equals ``minmax``), :func:`moving_average_qparams`;
+- ``histogram``: :func:`histogram_init` (2048 bins) / :func:`histogram_update` / :func:`histogram_qparams`
+  (torch's L2 search); NaN gives an error as torch's observer raises;
+- ``kl``, ``mse``, ``percentile``, ``mix``: the array calibration observers
+  (``observers_core.adapters._array_calibration``: Horizon's ``observer_v2`` with their defaults), which
+  call :func:`kl_threshold`, :func:`mse_threshold`, :func:`percentile_range` and, for ``mix``, the direct
+  fake-quantization error of each candidate.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import observers_core as oc
+
+UNIFORM_METHODS = ("minmax", "moving_average", "histogram", "kl", "mse", "percentile", "mix")
+METHODS = UNIFORM_METHODS
+UNIFORM_FORMATS = {"int8": ("qint8", "symmetric"), "uint8": ("quint8", "affine")}
+FORMATS = ("int8", "uint8", "int4", "uint4", "float8_e4m3fn", "float8_e5m2") + tuple(oc.MX_DTYPES) + oc.BFP_DTYPES
+GRANULARITIES = ("per_tensor", "per_channel", "per_group")
+MOVING_AVERAGE_CONSTANT = 0.01
+HISTOGRAM_BINS = 2048
+#: A magnitude past every format's range: ``fq(+-BIG)`` is the saturation value of each element.
+BIG = 1e30
+
+
+@dataclass(frozen=True)
+class Case:
+    """One way to quantize a tensor: ``format``, ``granularity`` (``per_block`` for MX/BFP), ``method``."""
+
+    format: str
+    granularity: str
+    method: str
+
+
+@dataclass
+class Calibrated:
+    """What a case gives: the range, qparams (numpy) and the fake-quantized tensor (backend array)."""
+
+    range_min: np.ndarray
+    range_max: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray | None
+    exponent: np.ndarray | None
+    fq: Any
+    saturation: Any
+    seconds: float
+    note: str = ""
+    #: integer formats: ``(fq(+BIG) - fq(-BIG)) / (Q_max - Q_min)``, the scale of each element
+    step: Any = None
+
+
+def cases_for(shape: tuple[int, ...], formats: tuple[str, ...], granularities: tuple[str, ...],
+              methods: tuple[str, ...], group_size: int) -> tuple[list[Case], list[str]]:
+    """The cases that apply to a tensor of ``shape``, and a note for each one left out."""
+    cases, skipped = [], []
+    ndim = len(shape)
+    for fmt in formats:
+        if fmt in oc.MX_DTYPES or fmt in oc.BFP_DTYPES:
+            if "minmax" in methods:
+                cases.append(Case(fmt, "per_block", "minmax"))
+            continue
+        for gran in granularities:
+            if gran == "per_channel" and ndim < 2:
+                skipped.append(f"{fmt} per_channel: a {ndim}-d tensor has no channel axis")
+                continue
+            if gran == "per_group":
+                if shape[-1] % group_size:
+                    skipped.append(f"{fmt} per_group: last axis {shape[-1]} is not a multiple of --group-size {group_size}")
+                    continue
+            uniform = fmt in UNIFORM_FORMATS and gran != "per_group"
+            for m in methods:
+                if not uniform and m != "minmax":
+                    continue
+                if m == "histogram" and gran != "per_tensor":
+                    continue
+                cases.append(Case(fmt, gran, m))
+    return cases, skipped
+
+
+def _np(a: Any) -> np.ndarray:
+    """A backend array as numpy (torch, cupy, jax, numpy)."""
+    if hasattr(a, "detach"):
+        a = a.detach().cpu()
+    if hasattr(a, "get"):
+        a = a.get()
+    return np.asarray(a)
+
+
+def quant_spec_of(fmt: str, granularity: str) -> oc.QuantSpec:
+    """torch's ``QuantSpec`` of a uniform format: ``int8`` -> qint8 symmetric, ``uint8`` -> quint8 affine."""
+    dtype, kind = UNIFORM_FORMATS[fmt]
+    scope = "per_tensor" if granularity == "per_tensor" else "per_channel"
+    return oc.quant_spec(dtype, f"{scope}_{kind}")
+
+
+def calibration_observer(method: str, fmt: str, granularity: str, xp: Any) -> Any:
+    """The array calibration observer (Horizon ``observer_v2``, its defaults) for a uniform case."""
+    from observers_core.adapters import _array_calibration as cal
+
+    cls = {"kl": cal.KLObserver, "mse": cal.MSEObserver, "percentile": cal.PercentileObserver, "mix": cal.MixObserver}[method]
+    spec = quant_spec_of(fmt, granularity)
+    return cls(ch_axis=-1 if granularity == "per_tensor" else 0, dtype=spec.dtype, qscheme=spec.qscheme, xp=xp)
+
+
+def _uniform(case: Case, batches: list[Any], xp: Any) -> tuple[Any, Any, Any, Any, str]:
+    """``(range_min, range_max, scale, zero_point, note)`` of a uniform case."""
+    spec = quant_spec_of(case.format, case.granularity)
+    axis = None if case.granularity == "per_tensor" else 0
+    channels = None if axis is None else batches[0].shape[0]
+    note = ""
+    if case.method in ("minmax", "moving_average"):
+        if case.method == "minmax":
+            state = oc.minmax_init(num_channels=channels, xp=xp)
+            for b in batches:
+                state = oc.minmax_update(state, b, axis=axis, xp=xp)
+            q = oc.minmax_qparams(state, spec, xp=xp)
+        else:
+            state = oc.moving_average_init(num_channels=channels, xp=xp)
+            for b in batches:
+                state = oc.moving_average_update(state, b, averaging_constant=MOVING_AVERAGE_CONSTANT, axis=axis, xp=xp)
+            q = oc.moving_average_qparams(state, spec, xp=xp)
+        return state.min_val, state.max_val, q.scale, q.zero_point, note
+    if case.method == "histogram":
+        state = oc.histogram_init(bins=HISTOGRAM_BINS, xp=xp)
+        for b in batches:
+            state = oc.histogram_update(state, b, xp=xp)
+        if bool(np.isnan(_np(state.min_val))):
+            raise ValueError("NaN in the input: torch's HistogramObserver raises (ignore_nonfinite=True skips it)")
+        q = oc.histogram_qparams(state, spec, xp=xp)
+        zpf = xp.astype(q.zero_point, q.scale.dtype)
+        lo, hi = (spec.quant_min - zpf) * q.scale, (spec.quant_max - zpf) * q.scale
+        return lo, hi, q.scale, q.zero_point, note  # range: the quantizer's [qmin, qmax] after the L2 search
+    obs = calibration_observer(case.method, case.format, case.granularity, xp)
+    for b in batches:
+        obs(b)
+    if obs.min_val is None or obs.max_val is None:
+        raise ValueError("no finite value: the observer saw nothing")
+    q = obs.calculate_qparams()
+    if case.method == "mix" and obs.last_choice is not None:
+        from observers_core.adapters._array_calibration import MIX_CANDIDATES
+
+        picks = _np(obs.last_choice).reshape(-1)
+        note = "mix: " + ",".join(sorted({MIX_CANDIDATES[int(i)] for i in picks}))
+    return obs.min_val, obs.max_val, q.scale, q.zero_point, note
+
+
+def calibrate(case: Case, batches: list[Any], x: Any, xp: Any, group_size: int) -> Calibrated:
+    """Run ``case`` on ``batches`` (timed: statistics and qparams), then fake-quantize ``x``."""
+    axis = None if case.granularity == "per_tensor" else 0
+    ones = xp.ones_like(x) * BIG
+    big = xp.where(x >= 0, ones, -ones)
+    start = time.perf_counter()
+    if case.format in UNIFORM_FORMATS and case.granularity != "per_group":
+        lo, hi, scale, zp, note = _uniform(case, batches, xp)
+        spec = quant_spec_of(case.format, case.granularity)
+        result = [_np(lo), _np(hi), _np(scale), _np(zp)]  # to host: the backend's work is done
+        seconds = time.perf_counter() - start
+        kw = dict(quant_min=spec.quant_min, quant_max=spec.quant_max, axis=axis, xp=xp)
+        fq = oc.fake_quantize(x, scale, zp, **kw)
+        sat = oc.fake_quantize(big, scale, zp, **kw)
+        step = (oc.fake_quantize(ones, scale, zp, **kw) - oc.fake_quantize(-ones, scale, zp, **kw)) / (spec.quant_max - spec.quant_min)
+        return Calibrated(*result, None, fq, sat, seconds, note, step)
+    if case.granularity == "per_block":
+        spec = oc.lowbit_spec(case.format)
+    elif case.granularity == "per_group":
+        spec = oc.lowbit_spec(case.format, axis=-1, group_size=group_size)
+    else:
+        spec = oc.lowbit_spec(case.format, axis=axis)
+    if spec.granularity in ("per_group", "per_block"):
+        batches = [x]  # per element position: the tensor's own groups/blocks (dynamic, as MX is used)
+    state = oc.lowbit_stats(batches[0], spec, xp=xp)
+    for b in batches[1:]:
+        state = oc.minmax_merge(state, oc.lowbit_stats(b, spec, xp=xp), xp=xp)
+    q = oc.lowbit_qparams(state, spec, xp=xp)
+    exponent = _np(q.exponent) if isinstance(q, oc.BlockScale) else None
+    zp = None if isinstance(q, oc.BlockScale) else _np(q.zero_point)
+    lo, hi, scale = _np(state.min_val), _np(state.max_val), _np(q.scale)
+    seconds = time.perf_counter() - start
+    fq = oc.lowbit_fake_quantize(x, q, spec, xp=xp)
+    sat = oc.lowbit_fake_quantize(big, q, spec, xp=xp)
+    step = None
+    if case.format in oc.INT_RANGES:
+        qmin, qmax = oc.INT_RANGES[case.format]
+        step = (oc.lowbit_fake_quantize(ones, q, spec, xp=xp) - oc.lowbit_fake_quantize(-ones, q, spec, xp=xp)) / (qmax - qmin)
+    return Calibrated(lo, hi, scale, zp, exponent, fq, sat, seconds, "", step)
+
+
+def errors(x: np.ndarray, fq: np.ndarray, sat: np.ndarray, step: np.ndarray | None = None) -> tuple[float, float, float]:
+    """``(mse, sqnr_db, clipped)`` over the finite values of ``x``: ``mse = mean((fq - x)**2)``,
+    ``sqnr = 10 log10(sum x**2 / sum (fq - x)**2)``, ``clipped`` = fraction with ``|x| > |fq(+-BIG)|``
+    (past the largest representable magnitude of its tensor/channel/group/block, on its side); for
+    integer formats (``step``: each element's scale ``s``) past it by more than ``s / 2``, so values
+    that only round to the largest level do not count. For fp8/MX/BFP any value past it counts."""
+    x = x.astype(np.float64).reshape(-1)
+    fq = fq.astype(np.float64).reshape(-1)
+    sat = np.abs(sat.astype(np.float64).reshape(-1))
+    if step is not None:
+        sat = (sat + 0.5 * np.abs(step.astype(np.float64).reshape(-1))) * (1 + 1e-6)  # float32 ties
+    finite = np.isfinite(x)
+    if not finite.any():
+        return float("nan"), float("nan"), float("nan")
+    x, fq, sat = x[finite], fq[finite], sat[finite]
+    with np.errstate(all="ignore"):
+        d = fq - x
+        noise = float(np.sum(d * d))
+        signal = float(np.sum(x * x))
+        mse = noise / x.size
+        if noise == 0.0:
+            sqnr = float("inf")
+        elif np.isfinite(noise):
+            sqnr = 10.0 * np.log10(signal / noise) if signal > 0 else float("-inf")
+        else:
+            sqnr = float("nan")
+        clipped = float(np.mean(np.abs(x) > sat))
+    return mse, float(sqnr), clipped
