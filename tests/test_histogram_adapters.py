@@ -335,9 +335,11 @@ def test_bad_configuration_raises_naming_the_argument():
         aobs.HistogramObserver(dtype="float8_e4m3fn")
     with pytest.raises(TypeError, match="ignore_nonfinite"):
         ours.HistogramObserver(ignore_nonfinite=1)
-    with pytest.raises(NotImplementedError, match="symmetric"), warnings.catch_warnings():  # torch's check, kept
+    with warnings.catch_warnings():  # torch 2.13's HistogramObserver accepts symmetric quint8 + reduce_range
         warnings.simplefilter("ignore")  # torch's reduce_range deprecation note
-        ours.HistogramObserver(qscheme=torch.per_tensor_symmetric, reduce_range=True)
+        accepted = ours.HistogramObserver(qscheme=torch.per_tensor_symmetric, reduce_range=True)
+        anchor = tobs.HistogramObserver(qscheme=torch.per_tensor_symmetric, reduce_range=True)
+    assert (accepted.quant_min, accepted.quant_max) == (anchor.quant_min, anchor.quant_max)
     with pytest.raises(ValueError, match="quant_min"):
         ours.HistogramObserver(quant_min=5, quant_max=3)
 
