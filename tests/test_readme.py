@@ -12,6 +12,19 @@ def test_ci_runs_the_readme_test_command_exactly():
     assert f"\n{ci_lines[0]}\n" in readme, f"README.md must show the test command: {ci_lines[0]}"
 
 
+def _setup_commands(readme: str) -> list[str]:
+    section = readme.split("## Set-up commands", 1)[1].split("\n## ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("python -m pip install")]
+
+
+def test_readme_set_up_commands_are_the_report_and_the_tests():
+    commands = _setup_commands((ROOT / "README.md").read_text())
+    assert commands == [
+        'python -m pip install -c constraints.txt -e ".[report]" && observers-core report',
+        'python -m pip install -c constraints.txt -e ".[test]" && python -m pytest -q',
+    ]
+
+
 def test_readme_main_command_runs_an_existing_example():
     readme = (ROOT / "README.md").read_text()
     main = [line for line in readme.splitlines() if line.startswith("python -m pip install") and "examples/" in line]
