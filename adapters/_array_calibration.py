@@ -61,6 +61,7 @@ from observers_core._calibration import (
     calib_histogram_edges,
     calib_histogram_init,
     calib_histogram_update,
+    error_norm,
     kl_threshold,
     mse_threshold,
     percentile_range,
@@ -193,13 +194,13 @@ def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any)
     """The clipping magnitude of ``method`` for the histogram of ``|x|`` (``+inf`` for ``"minmax"``)."""
     if method == "minmax":
         return xp.full(tuple(hist.max_val.shape), INF, dtype=hist.max_val.dtype, device=device_of(hist.max_val))
-    edges = calib_histogram_edges(hist, xp=xp)
+    edges = calib_histogram_edges(hist, xp=xp)  # the observer's own histogram: valid, no check (host read)
     if method == "kl":
-        return kl_threshold(hist.counts, edges, num_levels=config.levels, xp=xp)
+        return kl_threshold(hist.counts, edges, num_levels=config.levels, check=False, xp=xp)
     if method == "mse":
-        return mse_threshold(hist.counts, edges, spec=config.spec, stride=config.stride, xp=xp)
+        return mse_threshold(hist.counts, edges, spec=config.spec, stride=config.stride, check=False, xp=xp)
     if method == "percentile":
-        return percentile_range(hist.counts, edges, percentile=config.percentile, xp=xp)[1]
+        return percentile_range(hist.counts, edges, percentile=config.percentile, check=False, xp=xp)[1]
     raise ValueError(f"unknown calibration method {method!r}")
 
 
@@ -233,7 +234,8 @@ def average_range(state: MinMaxState, lo: Array, hi: Array, averaging_constant: 
 def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: QuantSpec, xp: Any) -> Array:
     """Mean squared fake-quantization error of ``x`` for each candidate range ``(lo[..., k], hi[..., k])``:
     ``E_k = sum((fq_k(x) - x)**2) / n`` over the finite values (per channel), divided by the squared
-    largest magnitude of the channel (so huge ranges do not overflow; the ranking is unchanged), with
+    power of two at or above the channel's largest magnitude (:func:`~observers_core._calibration.error_norm`:
+    huge ranges neither overflow nor vanish under XLA's flush to zero; the ranking is unchanged), with
     ``fq_k`` = :func:`~observers_core.fake_quantize` by ``calculate_qparams(lo_k, hi_k, spec)``.
     float64 where the namespace has it. Shape of ``lo``."""
     rows = xp.reshape(x, (1, -1)) if axis is None else xp.reshape(xp.moveaxis(x, axis, 0), (x.shape[axis], -1))
@@ -242,8 +244,7 @@ def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: 
     finite = xp.isfinite(rows)
     rows = xp.where(finite, rows, 0.0)
     count = xp.sum(xp.astype(finite, dtype), axis=-1)
-    norm = xp.max(xp.abs(rows), axis=-1)
-    norm = xp.where(norm > 0, norm, 1.0)
+    norm = error_norm(rows, xp)
     lo2, hi2 = xp.reshape(lo, (rows.shape[0], -1)), xp.reshape(hi, (rows.shape[0], -1))
     scale, zero_point = calculate_qparams(lo2, hi2, spec, xp=xp)
     errors = []

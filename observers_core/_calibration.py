@@ -33,8 +33,11 @@ from ._namespace import (
     array_namespace,
     bincount,
     check_real,
+    discarded_invalid,
     index_dtype,
     is_torch_namespace,
+    is_traced,
+    read_flags,
     normalize_axis,
     size,
 )
@@ -113,7 +116,28 @@ class _Hist(NamedTuple):
         return xp.astype(self.out_edges, self.dtype, copy=False)
 
 
-def _prepare(hist: Array, edges: Array, xp: Any) -> _Hist:
+def check_hist_values(hist: Array, edges: Array, xp: Any) -> None:
+    """``ValueError`` unless the counts are finite and ``>= 0`` and the edges finite and non-decreasing.
+
+    Eager arrays only (one host read of two flags); under ``jax.jit`` nothing is checked. The searches
+    call it unless ``check=False`` (an observer's own histogram is valid by construction); with
+    ``check=False`` an invalid histogram gives an unspecified result or error."""
+    if is_traced(hist, edges):
+        return
+    with discarded_invalid(xp):
+        edge_rows = xp.reshape(edges, (-1, edges.shape[-1]))
+        flags = xp.stack([
+            xp.all((hist >= 0) & xp.isfinite(xp.astype(hist, xp.float64 if hist.dtype == xp.float64 else xp.float32))),
+            xp.all(xp.isfinite(edge_rows)) & xp.all(edge_rows[:, 1:] >= edge_rows[:, :-1]),
+        ])
+    counts_ok, edges_ok = read_flags(flags)
+    if not counts_ok:
+        raise ValueError("hist must hold finite counts >= 0 (no negative, NaN or infinite count)")
+    if not edges_ok:
+        raise ValueError("edges must be finite and non-decreasing")
+
+
+def _prepare(hist: Array, edges: Array, xp: Any, check: bool = True) -> _Hist:
     """Validate a histogram: counts as ``(C, B)`` in the work dtype, edges as a ``(C, B + 1)`` view."""
     check_real(hist, xp, name="hist")
     check_real(edges, xp, name="edges")
@@ -126,6 +150,8 @@ def _prepare(hist: Array, edges: Array, xp: Any) -> _Hist:
             f"edges must have shape ({bins + 1},) or {lead + (bins + 1,)} for hist of shape "
             f"{tuple(hist.shape)}, got {tuple(edges.shape)}"
         )
+    if check_bool(check, "check"):
+        check_hist_values(hist, edges, xp)
     device = _device(hist)
     dtype = _work_dtype(xp, device)
     channels = math.prod(lead)
@@ -362,10 +388,10 @@ def _kl_smoothed(b: Array, key: tuple, smoothing: float, xp: Any, device: Any) -
 
 
 def _kl_search(
-    hist, edges, *, num_bits, unsigned, num_levels, start_bin, stride, smoothing, flatten_first_bin, xp
+    hist, edges, *, num_bits, unsigned, num_levels, start_bin, stride, smoothing, flatten_first_bin, check, xp
 ) -> tuple[_Hist, SearchCurve]:
     xp = array_namespace(hist, edges, xp=xp)
-    h = _prepare(hist, edges, xp)
+    h = _prepare(hist, edges, xp, check)
     bins = h.counts.shape[-1]
     levels = _levels(num_bits, unsigned, num_levels)
     if bins < levels:
@@ -405,6 +431,7 @@ def kl_divergences(
     stride: int = 1,
     smoothing: float = 0.0,
     flatten_first_bin: bool = True,
+    check: bool = True,
     xp: Any = None,
 ) -> SearchCurve:
     """KL divergence of every candidate threshold ``edges[i]``, ``i = start_bin, start_bin + stride,
@@ -431,7 +458,7 @@ def kl_divergences(
     """
     h, curve = _kl_search(
         hist, edges, num_bits=num_bits, unsigned=unsigned, num_levels=num_levels, start_bin=start_bin,
-        stride=stride, smoothing=smoothing, flatten_first_bin=flatten_first_bin, xp=xp,
+        stride=stride, smoothing=smoothing, flatten_first_bin=flatten_first_bin, check=check, xp=xp,
     )
     return _shaped_curve(curve, h, array_namespace(hist, edges, xp=xp))
 
@@ -450,6 +477,7 @@ def kl_threshold(
     flatten_first_bin: bool = True,
     ties: str = "last",
     tie_tol: float | None = None,
+    check: bool = True,
     xp: Any = None,
 ) -> Array:
     """The threshold ``edges[i]`` of least KL divergence (see :func:`kl_divergences`), per channel.
@@ -463,7 +491,7 @@ def kl_threshold(
     tie_tol = check_float(tie_tol, "tie_tol", minimum=0.0, allow_none=True)
     h, curve = _kl_search(
         hist, edges, num_bits=num_bits, unsigned=unsigned, num_levels=num_levels, start_bin=start_bin,
-        stride=stride, smoothing=smoothing, flatten_first_bin=flatten_first_bin, xp=xp,
+        stride=stride, smoothing=smoothing, flatten_first_bin=flatten_first_bin, check=check, xp=xp,
     )
     xp = array_namespace(hist, edges, xp=xp)
     tol = _default_tie_tol(xp, h.dtype) if tie_tol is None else tie_tol
@@ -537,6 +565,27 @@ def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Ar
     return xp.maximum(err, 0.0) * unit, bound * unit
 
 
+def error_norm(edges: Array, xp: Any) -> Array:
+    """The unit of the squared-error sums, per channel: the smallest power of two ``>= max |edges|``
+    (1 for an empty or non-finite range), at most ``2**-emin`` (``2**126`` in float32) so that ``1 / norm``
+    is a normal number. A power of two makes ``d / norm`` exact, also where XLA (JAX, which flushes
+    subnormals) divides by multiplying with the reciprocal; errors of data near float32's maximum then
+    neither overflow nor vanish."""
+    norm = xp.max(xp.abs(edges), axis=-1)
+    norm = xp.where((norm > 0) & (norm < INF), norm, 1.0)
+    cap = 2.0**1022 if norm.dtype == xp.float64 else 2.0**126
+    return xp.minimum(_pow2_at_least(norm, xp), cap)
+
+
+def bin_centers(edges: Array, xp: Any) -> Array:
+    """The centers ``(e[j] + e[j + 1]) / 2`` of the bins along the last axis, with no overflow: where the
+    sum overflows (edges beyond half of the dtype's maximum, e.g. 1.7e38 in float32) the center is
+    ``e[j] / 2 + e[j + 1] / 2``, the same value (halving is exact away from subnormals)."""
+    low, high = edges[..., :-1], edges[..., 1:]
+    centers = (low + high) / 2
+    return xp.where(xp.isinf(centers) & xp.isfinite(low) & xp.isfinite(high), low / 2 + high / 2, centers)
+
+
 def _eps_of(dtype: Any, xp: Any) -> float:
     return float(np.finfo(np.float64 if dtype == xp.float64 else np.float32).eps)
 
@@ -554,13 +603,13 @@ def _mse_window(spec: QuantSpec) -> tuple[int, int]:
     return low, spec.quant_max
 
 
-def _mse_search(hist, edges, *, spec, start_bin, stride, xp) -> tuple[_Hist, SearchCurve, Array, Array | None]:
-    """The candidates, with ``objective`` the error sums in units of ``norm`` (the largest |edge|,
+def _mse_search(hist, edges, *, spec, start_bin, stride, check, xp) -> tuple[_Hist, SearchCurve, Array, Array | None]:
+    """The candidates, with ``objective`` the error sums in units of ``norm`` (:func:`error_norm`,
     so huge ranges do not overflow), ``norm`` and the sums' rounding bound (None when by bin)."""
     xp = array_namespace(hist, edges, xp=xp)
     if not isinstance(spec, QuantSpec):
         raise TypeError(f"spec must be a QuantSpec (see quant_spec(...)), got {type(spec).__name__} {spec!r}")
-    h = _prepare(hist, edges, xp)
+    h = _prepare(hist, edges, xp, check)
     bins = h.counts.shape[-1]
     if start_bin is None:
         start_bin = min(128, bins - 1)
@@ -569,13 +618,12 @@ def _mse_search(hist, edges, *, spec, start_bin, stride, xp) -> tuple[_Hist, Sea
     cand_np = np.arange(start_bin, bins, stride)
     cand = _index_array(cand_np, xp, h.device)
     h_edges = h.edges(xp)
-    centers = (h_edges[:, 1:] + h_edges[:, :-1]) / 2
+    centers = bin_centers(h_edges, xp)
     amax = _take_shared(centers, cand, xp)  # (C, K)
     qp = calculate_qparams(xp.zeros_like(amax), amax, spec, xp=xp)
     scale = xp.astype(qp.scale, h.dtype)
     low, high = _mse_window(spec)
-    norm = xp.max(xp.abs(h_edges), axis=-1)
-    norm = xp.where((norm > 0) & (norm < INF), norm, 1.0)
+    norm = error_norm(h_edges, xp)
     levels = high - low + 1
     if h.dtype == xp.float64 and levels <= bins:
         err, noise = _squared_error_by_levels(h.counts, h_edges, scale, levels, norm, xp)
@@ -586,13 +634,14 @@ def _mse_search(hist, edges, *, spec, start_bin, stride, xp) -> tuple[_Hist, Sea
             cand_np.size * bins * 4, xp, h.counts, centers, scale, zero_point, norm,
         )
         noise = None  # by bin every term is computed directly: no cancellation to allow for
-    out_centers = (h.out_edges[:, 1:] + h.out_edges[:, :-1]) / 2
+    out_centers = bin_centers(h.out_edges, xp)
     threshold = _take_shared(xp.astype(out_centers, h.out_edges.dtype), cand, xp)
     return h, SearchCurve(cand, threshold, err), norm, noise
 
 
 def mse_errors(
-    hist: Array, edges: Array, /, *, spec: QuantSpec, start_bin: int | None = None, stride: int = 1, xp: Any = None
+    hist: Array, edges: Array, /, *, spec: QuantSpec, start_bin: int | None = None, stride: int = 1,
+    check: bool = True, xp: Any = None,
 ) -> SearchCurve:
     """Expected squared quantization error of every candidate threshold ``amax = c_k`` (bin center
     ``c_k``, ``k = start_bin, start_bin + stride, ..., < bins``).
@@ -609,7 +658,7 @@ def mse_errors(
     about ``1e-10`` relative); otherwise by bin with :func:`fake_quantize` (O(bins) per candidate).
     """
     xp = array_namespace(hist, edges, xp=xp)
-    h, curve, norm, _ = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, xp=xp)
+    h, curve, norm, _ = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, check=check, xp=xp)
     total = xp.sum(h.counts, axis=-1, keepdims=True)
     objective = curve.objective * norm[:, None] ** 2 / xp.where(total == 0, 1.0, total)  # squared data units
     return _shaped_curve(curve._replace(objective=objective), h, xp)
@@ -625,6 +674,7 @@ def mse_threshold(
     stride: int = 1,
     ties: str = "first",
     tie_tol: float | None = None,
+    check: bool = True,
     xp: Any = None,
 ) -> Array:
     """The bin center ``amax`` of least expected squared error (see :func:`mse_errors`), per channel.
@@ -637,7 +687,7 @@ def mse_threshold(
     ties = _check_ties(ties)
     tie_tol = check_float(tie_tol, "tie_tol", minimum=0.0, allow_none=True)
     xp = array_namespace(hist, edges, xp=xp)
-    h, curve, _, noise = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, xp=xp)
+    h, curve, _, noise = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, check=check, xp=xp)
     tol = _default_tie_tol(xp, h.dtype) if tie_tol is None else tie_tol
     slack = 0.0 if noise is None else 2 * xp.max(noise, axis=-1, keepdims=True)
     best = _pick(curve.objective, lambda m: tol * m + slack, ties, xp)
@@ -653,6 +703,7 @@ def histogram_quantization_error(
     *,
     quant_min: int,
     quant_max: int,
+    check: bool = True,
     xp: Any = None,
 ) -> Array:
     """Expected squared error of quantizing the histogram's data with ``scale``/``zero_point``:
@@ -661,7 +712,7 @@ def histogram_quantization_error(
     Works for any histogram (signed or of ``|x|``): it compares the qparams of several methods (MixObserver).
     """
     xp = array_namespace(hist, edges, xp=xp)
-    h = _prepare(hist, edges, xp)
+    h = _prepare(hist, edges, xp, check)
     if quant_min > quant_max:
         raise ValueError(f"quant_min={quant_min} must be <= quant_max={quant_max}")
     channels = h.counts.shape[0]
@@ -669,9 +720,8 @@ def histogram_quantization_error(
     zero_point = xp.astype(xp.asarray(zero_point, device=h.device), h.dtype)
     zero_point = xp.broadcast_to(xp.reshape(zero_point, (-1, 1)), (channels, 1))
     h_edges = h.edges(xp)
-    centers = (h_edges[:, 1:] + h_edges[:, :-1]) / 2
-    norm = xp.max(xp.abs(h_edges), axis=-1)
-    norm = xp.where((norm > 0) & (norm < INF), norm, 1.0)
+    centers = bin_centers(h_edges, xp)
+    norm = error_norm(h_edges, xp)
     err = _squared_error(h.counts, centers, scale, zero_point, (quant_min, quant_max), norm, xp)[:, 0]
     total = xp.sum(h.counts, axis=-1)
     empty = total == 0
@@ -684,7 +734,8 @@ def histogram_quantization_error(
 
 
 def percentile_range(
-    hist: Array, edges: Array, /, *, percentile: float = 99.99, symmetric: bool = True, xp: Any = None
+    hist: Array, edges: Array, /, *, percentile: float = 99.99, symmetric: bool = True, check: bool = True,
+    xp: Any = None,
 ) -> tuple[Array, Array]:
     """The range ``(lo, hi)`` that keeps ``percentile`` percent of the histogram's data.
 
@@ -710,7 +761,7 @@ def percentile_range(
     if not 0 < percentile <= 100:
         raise ValueError(f"percentile={percentile} is out of range; allowed: 0 < percentile <= 100")
     symmetric = check_bool(symmetric, "symmetric")
-    h = _prepare(hist, edges, xp)
+    h = _prepare(hist, edges, xp, check)
     bins = h.counts.shape[-1]
     cum = xp.cumulative_sum(h.counts, axis=-1)
     keep = percentile / 100 if symmetric else 1 - (100 - percentile) / 200

@@ -16,7 +16,6 @@ order, bit for bit.
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any
 
 import numpy as np
@@ -41,6 +40,8 @@ from ._namespace import (
     is_jax_namespace,
     is_numpy_namespace,
     is_torch_namespace,
+    is_traced,
+    read_flags,
     rounded,
 )
 from ._qparams import QParams, calculate_qparams
@@ -449,12 +450,6 @@ def _search_bins(hist: Array, min_val: Array, max_val: Array, dst_nbins: int, xp
     return start, end
 
 
-def _traced(*arrays: Array) -> bool:
-    """Whether any array is a JAX tracer (inside ``jit``), where reading a value is impossible."""
-    jax = sys.modules.get("jax")
-    return jax is not None and any(isinstance(a, jax.core.Tracer) for a in arrays)
-
-
 def check_histogram(histogram: Array, min_val: Array, max_val: Array, /, *, xp: Any = None,
                     name: str = "histogram") -> None:  # fmt: skip
     """``ValueError`` unless the counts are finite and ``>= 0`` and the range is ordered and not infinite
@@ -463,7 +458,7 @@ def check_histogram(histogram: Array, min_val: Array, max_val: Array, /, *, xp: 
     Eager arrays only: the check reads three flags on the host (one sync). Under ``jax.jit`` (traced
     arrays) nothing is checked and an invalid histogram gives an unspecified range."""
     xp = array_namespace(histogram, min_val, max_val, xp=xp)
-    if _traced(histogram, min_val, max_val):
+    if is_traced(histogram, min_val, max_val):
         return
     with np.errstate(all="ignore"):
         lo = xp.astype(min_val, xp.float32, copy=False)
@@ -473,22 +468,13 @@ def check_histogram(histogram: Array, min_val: Array, max_val: Array, /, *, xp: 
             ~(xp.isinf(lo) | xp.isinf(hi)),
             ~(lo > hi),
         ])
-    counts_ok, finite, ordered = (bool(v) for v in np.asarray(_host(flags)))
+    counts_ok, finite, ordered = read_flags(flags)
     if not counts_ok:
         raise ValueError(f"{name} must hold finite counts >= 0 (no negative, NaN or infinite count)")
     if not finite:
         raise ValueError(f"{name} range must be finite, got min_val={float(lo)}, max_val={float(hi)}")
     if not ordered:
         raise ValueError(f"{name} range must not decrease, got min_val={float(lo)} > max_val={float(hi)}")
-
-
-def _host(a: Array) -> Any:
-    """A small eager array as something NumPy reads (torch CUDA and CuPy arrays copied to the host)."""
-    if hasattr(a, "get"):
-        return a.get()
-    if hasattr(a, "cpu"):
-        return a.cpu()
-    return a
 
 
 def non_linear_param_search(

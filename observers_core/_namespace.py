@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from typing import Any
 
 import array_api_compat
@@ -30,6 +31,8 @@ __all__ = [
     "is_jax_namespace",
     "is_numpy_namespace",
     "is_cupy_namespace",
+    "is_traced",
+    "read_flags",
 ]
 
 Array = Any
@@ -129,3 +132,20 @@ def bincount(index: Array, length: int, xp: Any) -> Array:
     ordered = xp.sort(index)
     bounds = xp.searchsorted(ordered, xp.arange(length + 1, dtype=index.dtype, device=device_of(index)))
     return bounds[1:] - bounds[:-1]
+
+
+def is_traced(*arrays: Array) -> bool:
+    """Whether any array is a JAX tracer (inside ``jit``), where reading a value is impossible."""
+    jax = sys.modules.get("jax")
+    return jax is not None and any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+def read_flags(flags: Array) -> list[bool]:
+    """A small eager boolean array as Python bools (one host read; torch CUDA and CuPy copied first)."""
+    import numpy as np
+
+    if hasattr(flags, "get"):
+        flags = flags.get()
+    elif hasattr(flags, "cpu"):
+        flags = flags.cpu()
+    return [bool(v) for v in np.asarray(flags).reshape(-1)]

@@ -1,0 +1,132 @@
+"""Calibration searches at float32's limits and on invalid histograms (issue 11, items 4 and 13).
+
+Item 4: JAX without x64 runs the searches in float32. Bin centers of edges near float32's maximum
+overflowed, and XLA divides by multiplying with the reciprocal, which is subnormal (flushed to zero) for a
+norm above 2**126: every MSE error became 0 or NaN and the first candidate won. Item 13: the searches
+accepted negative or NaN counts and decreasing or infinite edges silently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import observers_core as oc
+from observers_core._calibration import bin_centers, error_norm
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+SPEC = oc.quant_spec("qint8", "per_tensor_symmetric")
+
+
+def _heavy_tailed(rng: np.random.Generator, magnitude: float, kind: int) -> np.ndarray:
+    draw = (rng.standard_normal, lambda s: rng.uniform(-1, 1, s), rng.standard_cauchy)[kind]
+    return np.clip(draw((16, 32)) * magnitude, -3.3e38, 3.3e38).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_float32_searches_equal_float64_near_float32_max(seed):
+    """mse/kl/percentile thresholds of a histogram of |x| with |x| up to 3.3e38: JAX float32 == NumPy float64."""
+    rng = np.random.default_rng(seed)
+    x = _heavy_tailed(rng, 10.0 ** rng.uniform(35, 38.5), seed % 3)
+    results = {}
+    for name, xp, arr in (("numpy", np, x), ("jax", jnp, jnp.asarray(x))):
+        state = oc.calib_histogram_update(oc.calib_histogram_init(bins=2048, xp=xp), arr, absolute=True)
+        edges = oc.calib_histogram_edges(state)
+        results[name] = [
+            float(oc.mse_threshold(state.counts, edges, spec=SPEC)),
+            float(oc.kl_threshold(state.counts, edges)),
+            float(oc.percentile_range(state.counts, edges, percentile=99.9)[1]),
+        ]
+    assert all(np.isfinite(results["jax"]))
+    assert results["jax"] == results["numpy"]
+
+
+@pytest.mark.parametrize("name", ["MSEObserver", "KLObserver", "MixObserver", "PercentileObserver"])
+def test_jax_observers_equal_numpy_near_float32_max(name):
+    from observers_core.adapters import _array_calibration as numpy_observers
+    from observers_core.adapters import jax as jax_observers
+
+    rng = np.random.default_rng(7)
+    mismatches = []
+    for trial in range(6):
+        x = _heavy_tailed(rng, 10.0 ** rng.uniform(35, 38.5), trial % 3)
+        ours_np, ours_jax = getattr(numpy_observers, name)(), getattr(jax_observers, name)()
+        for batch in (x[:8], x[8:]):
+            ours_np(batch)
+            ours_jax(jnp.asarray(batch))
+        s_np, s_jax = np.asarray(ours_np.calculate_qparams()[0]), np.asarray(ours_jax.calculate_qparams()[0])
+        if not np.array_equal(s_np, s_jax):
+            mismatches.append((trial, s_np, s_jax))
+    assert not mismatches
+
+
+def test_bin_centers_and_error_norm_at_the_limit():
+    edges = np.array([[0.0, 1.6e38, 1.7014118e38, 3.4e38]], dtype=np.float32)
+    centers = bin_centers(edges, np)
+    assert np.all(np.isfinite(centers))
+    np.testing.assert_array_equal(centers, (edges[:, :-1].astype(np.float64) + edges[:, 1:]) / 2)
+    norm = error_norm(edges, np)
+    assert norm.dtype == np.float32 and norm[0] == np.float32(2.0**126)  # 1 / norm stays normal
+    small = error_norm(np.array([[0.0, 3.0, 5.0]], dtype=np.float32), np)
+    assert small[0] == 8.0  # the smallest power of two >= max |edge|
+    assert error_norm(np.zeros((2, 3), dtype=np.float64), np).tolist() == [1.0, 1.0]
+
+
+def _searches(hist, edges, **kw):
+    """Every public search on (hist, edges)."""
+    return [
+        lambda: oc.kl_threshold(hist, edges, **kw),
+        lambda: oc.kl_divergences(hist, edges, **kw),
+        lambda: oc.mse_threshold(hist, edges, spec=SPEC, **kw),
+        lambda: oc.mse_errors(hist, edges, spec=SPEC, **kw),
+        lambda: oc.percentile_range(hist, edges, **kw),
+        lambda: oc.histogram_quantization_error(hist, edges, 0.1, 0, quant_min=-128, quant_max=127, **kw),
+    ]
+
+
+def _invalid_cases():
+    counts = np.arange(1, 257, dtype=np.float64)
+    edges = np.linspace(0.0, 4.0, 257)
+    negative = counts.copy(); negative[3] = -1
+    nan = counts.copy(); nan[7] = np.nan
+    inf = counts.copy(); inf[0] = np.inf
+    decreasing = edges.copy(); decreasing[10] = decreasing[12]
+    infinite = edges.copy(); infinite[-1] = np.inf
+    nan_edge = edges.copy(); nan_edge[5] = np.nan
+    return {
+        "negative count": (negative, edges, "counts"),
+        "nan count": (nan, edges, "counts"),
+        "inf count": (inf, edges, "counts"),
+        "decreasing edges": (counts, decreasing, "edges"),
+        "infinite edge": (counts, infinite, "edges"),
+        "nan edge": (counts, nan_edge, "edges"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_invalid_cases()))
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_searches_reject_invalid_histograms(case, backend):
+    hist, edges, what = _invalid_cases()[case]
+    if backend == "torch":
+        torch = pytest.importorskip("torch")
+        hist, edges = torch.asarray(hist), torch.asarray(edges)
+    elif backend == "jax":
+        hist, edges = jnp.asarray(hist, dtype=jnp.float32), jnp.asarray(edges, dtype=jnp.float32)
+    for search in _searches(hist, edges):
+        with pytest.raises(ValueError, match=what):
+            search()
+
+
+def test_valid_histograms_pass_and_jit_skips_the_check():
+    counts = np.arange(256, dtype=np.float32)
+    edges = np.linspace(0.0, 4.0, 257, dtype=np.float32)
+    for checked, unchecked in zip(_searches(counts, edges), _searches(counts, edges, check=False)):
+        a, b = checked(), unchecked()  # accepted; check=False changes nothing for a valid histogram
+        for u, v in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+            np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    traced = jax.jit(lambda h, e: oc.mse_threshold(h, e, spec=SPEC))  # tracers cannot be read: no check
+    bad = counts.copy()
+    bad[3] = -1
+    assert np.isfinite(float(traced(jnp.asarray(bad), jnp.asarray(edges))))
