@@ -2,8 +2,9 @@
 
 Used directly (``xp=numpy`` by default, or ``array_api_strict``) they are plain NumPy observers;
 ``observers_core.adapters.jax`` and ``.cupy`` add only ``jax.jit`` and device handling, and
-``observers_core.adapters.torch`` reuses the functions of this module (:func:`make_spec`,
-:func:`observe`, :func:`check_loaded_stats`) behind ``nn.Module`` buffers.
+``observers_core.adapters.torch`` holds the same statistics in ``nn.Module`` buffers; the pure parts
+(:func:`~observers_core.families.lowbit.make_spec`, ``observe``, ``check_loaded_stats``...) live in
+:mod:`observers_core.families.lowbit`.
 
 Configuration is backend-neutral: the keywords of :func:`observers_core.lowbit_spec` (``dtype`` name,
 ``granularity``, ``axis``, ``group_size`` or ``block_size``, ``symmetric``, ``rounding``, ``eps``).
@@ -31,21 +32,21 @@ from typing import Any
 import numpy as np
 
 from observers_core._dtypes import FLOAT32_EPS
-from observers_core._lowbit import (
-    BFP_DTYPES,
-    FP8_MAX,
-    INT_RANGES,
-    MX_DTYPES,
-    LowBitSpec,
-    lowbit_fake_quantize,
-    lowbit_qparams,
-    lowbit_spec,
-    lowbit_stats,
-)
-from observers_core._minmax import MinMaxState, minmax_init, minmax_merge
-from observers_core._mx import BlockScale, check_block_size
-from observers_core._namespace import check_real, normalize_axis, size
+from observers_core._lowbit import LowBitSpec, lowbit_fake_quantize, lowbit_qparams
+from observers_core._minmax import MinMaxState
+from observers_core._mx import BlockScale
+from observers_core._namespace import check_real, size
 from observers_core._qparams import QParams
+from observers_core.families.lowbit import (
+    UNINITIALIZED_WARNING,
+    check_axis,
+    check_fake_quantize_input,
+    check_loaded_stats,
+    describe,
+    make_spec,
+    observe,
+    unobserved_state,
+)
 
 from observers_core._validate import check_bool
 
@@ -60,131 +61,6 @@ __all__ = [
 ]
 
 Array = Any
-
-#: The dtypes each observer family accepts (``None``: any low-bit dtype).
-FAMILY_DTYPES: dict[str, tuple[str, ...]] = {
-    "int": tuple(INT_RANGES),
-    "fp8": tuple(FP8_MAX),
-    "mx": tuple(MX_DTYPES),
-    "bfp": tuple(BFP_DTYPES),
-}
-UNINITIALIZED_WARNING = "must run observer before calling calculate_qparams. Returning default values."
-
-
-# ------------------------------------------------------------------------ shared by every adapter
-
-
-def make_spec(
-    owner: str,
-    family: str | None,
-    dtype: Any,
-    *,
-    granularity: str | None = None,
-    axis: int | None = None,
-    group_size: int | None = None,
-    block_size: int | None = None,
-    symmetric: bool | None = None,
-    rounding: str | None = None,
-    eps: float = FLOAT32_EPS,
-) -> LowBitSpec:
-    """:func:`observers_core.lowbit_spec` for an observer class ``owner`` that takes the dtypes of
-    ``family`` only; ``block_size`` is the block formats' name for ``group_size`` (named in errors)."""
-    key = dtype.removeprefix("torch.") if isinstance(dtype, str) else dtype
-    if family is not None and key not in FAMILY_DTYPES[family]:
-        raise ValueError(f"dtype={dtype!r} is not supported by {owner}; allowed: {', '.join(FAMILY_DTYPES[family])}")
-    if block_size is not None:
-        if group_size is not None:
-            raise ValueError(f"give block_size or group_size, not both (got {block_size} and {group_size})")
-        group_size = check_block_size(block_size, name="block_size")
-    return lowbit_spec(
-        key, granularity=granularity, axis=axis, group_size=group_size, symmetric=symmetric, rounding=rounding, eps=eps
-    )
-
-
-def check_axis(x: Array, spec: LowBitSpec) -> None:
-    """``ValueError`` naming ``axis`` unless the spec's axis exists in ``x`` (checked for empty inputs too)."""
-    if spec.axis is not None:
-        normalize_axis(spec.axis, x.ndim)
-
-
-def observe(state: MinMaxState | None, x: Array, /, *, spec: LowBitSpec, ignore_nonfinite: bool, xp: Any) -> MinMaxState:
-    """``minmax_merge(state, lowbit_stats(x))`` (``state=None``: ``lowbit_stats(x)``, the dynamic mode and
-    the first batch). The batch's statistics are cast to the state's dtype; a batch whose statistics
-    have another shape than the state's raises ``ValueError`` (shapes are static: safe under jit)."""
-    new = lowbit_stats(x, spec, ignore_nonfinite=ignore_nonfinite, xp=xp)
-    if state is None:
-        return new
-    if tuple(new.min_val.shape) != tuple(state.min_val.shape):
-        raise ValueError(
-            f"x of shape {tuple(x.shape)} gives statistics of shape {tuple(new.min_val.shape)} "
-            f"({spec.granularity}, axis={spec.axis}, group_size={spec.group_size}) but the observer holds "
-            f"{tuple(state.min_val.shape)}; observe inputs of one shape, or call reset_min_max_vals() first"
-        )
-    if new.min_val.dtype != state.min_val.dtype:
-        new = MinMaxState(xp.astype(new.min_val, state.min_val.dtype), xp.astype(new.max_val, state.max_val.dtype))
-    return minmax_merge(state, new, xp=xp)
-
-
-def unobserved_state(xp: Any, device: Any = None) -> MinMaxState:
-    """One entry that has seen nothing (``+inf``/``-inf``): its qparams are the defaults returned before
-    any input (integers ``s = 1, z = 0`` as torch; fp8 ``s = eps``; MX/BFP16 code 0)."""
-    return minmax_init(num_channels=1, device=device, xp=xp)
-
-
-def check_fake_quantize_input(x: Array, state: MinMaxState, spec: LowBitSpec) -> None:
-    """Per channel: ``ValueError`` unless ``x`` has the state's channel count (the core checks groups
-    and blocks itself)."""
-    if spec.granularity == "per_channel":
-        axis = normalize_axis(spec.axis, x.ndim)
-        if (x.shape[axis],) != tuple(state.min_val.shape):
-            raise ValueError(
-                f"x has {x.shape[axis]} channels along axis={spec.axis} but the observer holds "
-                f"{tuple(state.min_val.shape)}"
-            )
-
-
-def check_loaded_stats(lo: np.ndarray, hi: np.ndarray, spec: LowBitSpec, owner: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """Validated ``min_val``/``max_val`` (numpy) of a state dict, as float32 (float64 stays float64);
-    ``None`` for the never-updated ``(0,)`` entries.
-
-    Checked: equal shapes; ``()`` per tensor, ``(C,)`` per channel, at least one dimension per group or
-    block; ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``)."""
-    if lo.shape != hi.shape:
-        raise ValueError(f"state_dict['min_val'] and ['max_val'] must have one shape for {owner}, got {lo.shape} and {hi.shape}")
-    if lo.shape == (0,):
-        return None
-    ndim_ok = {"per_tensor": lo.ndim == 0, "per_channel": lo.ndim == 1}.get(spec.granularity, lo.ndim >= 1)
-    if not ndim_ok:
-        raise ValueError(
-            f"state_dict['min_val'] of shape {lo.shape} does not fit {owner} ({spec.granularity}); "
-            "allowed: () per tensor, (C,) per channel, the input's shape with the axis grouped otherwise"
-        )
-    dtype = np.float64 if lo.dtype == np.float64 and hi.dtype == np.float64 else np.float32
-    lo, hi = lo.astype(dtype), hi.astype(dtype)
-    with np.errstate(invalid="ignore"):
-        never = (lo == np.inf) & (hi == -np.inf)
-        bad = (lo > hi) & ~never
-    if np.any(bad):
-        raise ValueError(f"state_dict has min_val > max_val at {np.argwhere(bad).tolist()}: {lo[bad].tolist()} > {hi[bad].tolist()}")
-    return lo, hi
-
-
-def describe(spec: LowBitSpec, is_dynamic: bool, ignore_nonfinite: bool) -> str:
-    """The ``repr`` of a configuration."""
-    parts = [f"dtype={spec.dtype!r}", f"granularity={spec.granularity!r}"]
-    if spec.axis is not None:
-        parts.append(f"axis={spec.axis}")
-    if spec.group_size is not None:
-        parts.append(f"{'block_size' if spec.granularity == 'per_block' else 'group_size'}={spec.group_size}")
-    if spec.family == "int":
-        parts.append(f"symmetric={spec.symmetric}")
-    if spec.rounding is not None:
-        parts.append(f"rounding={spec.rounding!r}")
-    parts.append(f"is_dynamic={is_dynamic}")
-    if ignore_nonfinite:
-        parts.append("ignore_nonfinite=True")
-    return ", ".join(parts)
-
 
 # ---------------------------------------------------------------------------------------- classes
 

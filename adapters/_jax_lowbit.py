@@ -31,6 +31,8 @@ import jax.numpy as jnp
 from observers_core._lowbit import lowbit_fake_quantize, lowbit_qparams
 from observers_core._minmax import MinMaxState
 
+from observers_core.families import lowbit as lowbit_family
+
 from . import _array_lowbit as _base
 from .jax import _JaxMixin
 
@@ -41,7 +43,7 @@ Array = Any
 
 def _update_body(state, x, *, spec, ignore_nonfinite):
     """The traced update (``state=None``: the batch's own statistics)."""
-    return _base.observe(state, x, spec=spec, ignore_nonfinite=ignore_nonfinite, xp=jnp)
+    return lowbit_family.observe(state, x, spec=spec, ignore_nonfinite=ignore_nonfinite, xp=jnp)
 
 
 @functools.partial(jax.jit, static_argnames=("spec", "ignore_nonfinite"))
@@ -70,7 +72,7 @@ def _jit_fake_quantize(x, qparams, *, spec):
 @functools.lru_cache(maxsize=256)
 def _stats_struct(spec, ignore_nonfinite: bool, shape: tuple[int, ...], dtype: Any):
     """Shape and dtype of an input's statistics (an abstract trace, never compiled; cached)."""
-    observe = functools.partial(_base.observe, None, spec=spec, ignore_nonfinite=ignore_nonfinite, xp=jnp)
+    observe = functools.partial(lowbit_family.observe, None, spec=spec, ignore_nonfinite=ignore_nonfinite, xp=jnp)
     return jax.eval_shape(observe, jax.ShapeDtypeStruct(shape, dtype)).min_val
 
 

@@ -32,6 +32,8 @@ from observers_core._dtypes import FLOAT32_EPS
 from observers_core._lowbit import lowbit_fake_quantize, lowbit_qparams
 from observers_core._minmax import MinMaxState
 
+from observers_core.families import lowbit as lowbit_family
+
 from . import _array_lowbit as _base
 from observers_core._validate import check_bool
 
@@ -94,7 +96,7 @@ class LowBitObserver(ObserverBase):
         factory_kwargs=None,
         **kwargs,
     ) -> None:
-        spec = _base.make_spec(
+        spec = lowbit_family.make_spec(
             type(self).__name__, self._FAMILY, _dtype_name(dtype), granularity=granularity, axis=axis,
             group_size=group_size, block_size=block_size, symmetric=symmetric, rounding=rounding, eps=eps,
         )
@@ -118,11 +120,11 @@ class LowBitObserver(ObserverBase):
         buffers = self._buffers
         min_val, max_val = buffers["min_val"], buffers["max_val"]
         x = _checked_input(x_orig, min_val)
-        _base.check_axis(x, self.spec)
+        lowbit_family.check_axis(x, self.spec)
         if x.numel() == 0:
             return x_orig
         state = None if self.is_dynamic else self._state()
-        new = _base.observe(state, x, spec=self.spec, ignore_nonfinite=self.ignore_nonfinite, xp=_XP)
+        new = lowbit_family.observe(state, x, spec=self.spec, ignore_nonfinite=self.ignore_nonfinite, xp=_XP)
         if state is None:
             buffers["min_val"], buffers["max_val"] = new.min_val, new.max_val
         else:
@@ -135,8 +137,8 @@ class LowBitObserver(ObserverBase):
         input: a warning and the qparams of one entry that has seen nothing (integers ``[1.], [0]``)."""
         state = self._state()
         if state is None:
-            warnings.warn(_base.UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
-            state = _base.unobserved_state(_XP, self.min_val.device)
+            warnings.warn(lowbit_family.UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
+            state = lowbit_family.unobserved_state(_XP, self.min_val.device)
         return lowbit_qparams(state, self.spec, xp=_XP)
 
     def fake_quantize(self, x_orig: torch.Tensor) -> torch.Tensor:
@@ -144,10 +146,10 @@ class LowBitObserver(ObserverBase):
         fit the statistics' shape). Output dtype: ``x``'s floating dtype (float32 for integers)."""
         state = self._state()
         x = _checked_input(x_orig, self.min_val)
-        _base.check_axis(x, self.spec)
+        lowbit_family.check_axis(x, self.spec)
         if state is None:
             raise RuntimeError(f"{type(self).__name__}.fake_quantize needs observed statistics; call the observer on data first")
-        _base.check_fake_quantize_input(x, state, self.spec)
+        lowbit_family.check_fake_quantize_input(x, state, self.spec)
         return lowbit_fake_quantize(x, lowbit_qparams(state, self.spec, xp=_XP), self.spec, xp=_XP)
 
     def reset_min_max_vals(self):
@@ -163,7 +165,7 @@ class LowBitObserver(ObserverBase):
         if isinstance(lo, torch.Tensor) and isinstance(hi, torch.Tensor):
             # everything checked before any buffer changes; then buffers of the saved shape and dtype
             owner = type(self).__name__
-            checked = _base.check_loaded_stats(_check_entry(lo, "min_val", None), _check_entry(hi, "max_val", None), self.spec, owner)
+            checked = lowbit_family.check_loaded_stats(_check_entry(lo, "min_val", None), _check_entry(hi, "max_val", None), self.spec, owner)
             shape = (0,) if checked is None else checked[0].shape
             dtype = torch.float64 if checked is not None and checked[0].dtype == np.float64 else torch.float32
             for name in ("min_val", "max_val"):
@@ -174,7 +176,7 @@ class LowBitObserver(ObserverBase):
 
     def extra_repr(self):
         shape = None if self.min_val.numel() == 0 else tuple(self.min_val.shape)
-        return _base.describe(self.spec, self.is_dynamic, self.ignore_nonfinite) + f", stats_shape={shape}"
+        return lowbit_family.describe(self.spec, self.is_dynamic, self.ignore_nonfinite) + f", stats_shape={shape}"
 
 
 class PerGroupMinMaxObserver(LowBitObserver):
