@@ -841,6 +841,13 @@ def _pow2_at_least(v: Array, xp: Any) -> Array:
     return xp.where(p < v, p * 2, p)
 
 
+def _floor_div(v: Array, w: Array, xp: Any) -> Array:
+    """``floor(v / w)`` for a power of two ``w > 0``, exactly: ``v / w`` is exact unless it underflows,
+    and a negative ``v`` whose quotient underflows to ``-0`` lies in the bin below 0 (floor ``-1``)."""
+    q = v / w
+    return xp.where((q == 0) & (v < 0), -1.0, xp.floor(q))
+
+
 def _grid(low: Array, high: Array, min_width: Array, bins: int, xp: Any) -> tuple[Array, Array]:
     """The canonical grid for the range ``[low, high]``: the smallest power-of-two width ``w`` with
     ``w >= min_width``, ``w >= max(|low|, |high|) * 2**(2 - digits)`` (every ``x / w`` then has an exact
@@ -857,23 +864,27 @@ def _grid(low: Array, high: Array, min_width: Array, bins: int, xp: Any) -> tupl
     need = xp.maximum(need, xp.maximum(xp.maximum(xp.abs(low), xp.abs(high)) * 2.0 ** (2 - digits), smallest_normal))
     width = _pow2_at_least(need, xp)
     for _ in range(2):  # width >= range / bins: one doubling suffices for bins >= 3, two for bins = 2
-        width = xp.where(xp.floor(high / width) - xp.floor(low / width) >= bins, width * 2, width)
-    lo = xp.floor(low / width) * width
+        width = xp.where(_floor_div(high, width, xp) - _floor_div(low, width, xp) >= bins, width * 2, width)
+    lo = _floor_div(low, width, xp) * width
     return xp.where(empty, 0.0, lo), xp.where(empty, 0.0, width)
 
 
 def _rebin(counts: Array, lo: Array, width: Array, new_lo: Array, new_width: Array, xp: Any) -> Array:
     """Counts of the grid ``(lo, width)`` on the coarser aligned grid ``(new_lo, new_width)``, exactly:
-    old bin ``j`` goes to new bin ``floor((lo / width + j) / r) - new_lo / new_width`` with
-    ``r = new_width / width``; each new bin sums a run of old bins through prefix sums. (Every float
-    here is an integer or a power of two small enough to be exact.)"""
+    new bin ``m`` (left edge ``e_m = new_lo + m * new_width``) takes the old bins from
+    ``first_m = clip((e_m - lo) / width, 0, bins)`` on, summed through prefix sums; the first and last
+    new bins also take every old bin below or beyond the new grid (as binning clips into the end bins).
+    Both grids are multiples of ``width``, so ``e_m - lo`` and the division are exact wherever the result
+    lies in ``[0, bins]``; outside it they may round or overflow to ``+-inf`` and are clipped (no ratio of
+    widths is formed: ``new_width / width`` overflows float32 for a zeros-only state at ``2**-126``)."""
     bins = counts.shape[-1]
     filled = width > 0
     safe_w = xp.where(filled, width, 1.0)
-    ratio = xp.where(filled, new_width / safe_w, 1.0)
-    base = new_lo / xp.where(new_width > 0, new_width, 1.0)
     m = xp.arange(bins + 1, dtype=lo.dtype, device=_device(lo))
-    first = xp.clip((m + base[:, None]) * ratio[:, None] - (lo / safe_w)[:, None], 0.0, float(bins))
+    with discarded_invalid(xp):  # edges beyond float's range overflow to inf, clipped below
+        edges = new_lo[:, None] + m * new_width[:, None]
+        first = xp.clip((edges - lo[:, None]) / safe_w[:, None], 0.0, float(bins))
+    first = xp.where((m == 0)[None, :], 0.0, xp.where((m == bins)[None, :], float(bins), first))
     at = _take_each(_cumsum0(counts, xp), xp.astype(first, index_dtype(xp)), xp)
     return xp.where(filled[:, None], at[:, 1:] - at[:, :-1], xp.zeros_like(counts))
 
@@ -942,7 +953,7 @@ def calib_histogram_update(
         low = xp.where(low <= high, 0.0, low)
     merged, lo, width = _combine(rows, low, high, xp.zeros_like(low), xp)
     safe_w = xp.where(width > 0, width, 1.0)
-    index = xp.floor(xp.where(finite, values, 0.0) / safe_w[:, None]) - (lo / safe_w)[:, None]
+    index = _floor_div(xp.where(finite, values, 0.0), safe_w[:, None], xp) - (lo / safe_w)[:, None]
     index = xp.astype(xp.clip(index, 0.0, float(bins - 1)), index_dtype(xp))
     offsets = xp.arange(channels, dtype=index.dtype, device=_device(index))[:, None] * bins
     flat = xp.where(finite, index + offsets, channels * bins)

@@ -1,0 +1,81 @@
+"""The calibration histogram (CalibHistogram) at the edges of float32 (issue 11, items 2 and 9).
+
+Item 2: a state that had seen only zeros (width 2**-126) meeting a value more than about 4x the bin count
+formed ``new_width / width`` = 2**128 = inf, then ``0 * inf`` = NaN, an int64-min index and an IndexError
+(KL/MSE/percentile/Mix observers stuck for good; per channel: one dead ReLU channel). Item 9: counts of
+values beyond 2**127 (above the capped grid) were dropped on re-binning.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import observers_core as oc
+
+from conftest import to_numpy
+
+_values = st.lists(
+    st.one_of(
+        st.just(0.0),
+        st.floats(-3.3999999521443642e38, 3.3999999521443642e38, width=32),
+        st.sampled_from([1e-45, -1e-40, 2.0**127, -(2.0**127), 3.4e38, -3.4e38, 5000.0, -3000.0]),
+    ),
+    min_size=1,
+    max_size=24,
+)
+
+
+def _total(state) -> int:
+    return int(to_numpy(state.counts).sum())
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(_values, min_size=1, max_size=4), absolute=st.booleans(), zeros_first=st.booleans())
+def test_updates_never_fail_and_keep_every_count(backend, batches, absolute, zeros_first):
+    """Any sequence (a zeros-only first batch, huge and subnormal values): no error, every finite value
+    counted once, and the sequence of updates equals merging one fresh state per batch."""
+    xp = backend.xp
+    arrays = ([np.zeros(8, np.float32)] if zeros_first else []) + [np.asarray(b, np.float32) for b in batches]
+    state = oc.calib_histogram_init(bins=64, xp=xp)
+    merged = oc.calib_histogram_init(bins=64, xp=xp)
+    for a in arrays:
+        state = oc.calib_histogram_update(state, backend.asarray(a), absolute=absolute)
+        fresh = oc.calib_histogram_update(oc.calib_histogram_init(bins=64, xp=xp), backend.asarray(a), absolute=absolute)
+        merged = oc.calib_histogram_merge(merged, fresh)
+    assert _total(state) == sum(int(np.isfinite(a).sum()) for a in arrays)
+    assert _total(merged) == _total(state)
+    if backend.name != "jax":  # XLA flushes subnormals to zero, which can move a bin edge
+        for u, v in zip(state, merged):
+            np.testing.assert_array_equal(to_numpy(u), to_numpy(v))
+
+
+@pytest.mark.parametrize("name", ["KLObserver", "MSEObserver", "PercentileObserver", "MixObserver"])
+def test_dead_channel_then_a_wide_batch(name):
+    """The issue's repro, per tensor and with one dead channel per channel: no error, finite qparams."""
+    torch = pytest.importorskip("torch")
+    from observers_core.adapters import torch as ours
+
+    obs = getattr(ours, name)()
+    obs(torch.zeros(4, 8))
+    obs(torch.linspace(-3000, 3000, 32))
+    scale, _ = obs.calculate_qparams()
+    assert torch.isfinite(scale).all() and scale.item() > 0
+
+    per_channel = getattr(ours, name)(ch_axis=1, qscheme=torch.per_channel_symmetric)
+    x = torch.randn(16, 4)
+    x[:, 2] = 0  # a dead ReLU channel
+    per_channel(x)
+    per_channel(torch.randn(16, 4) * 4000)
+    scale, _ = per_channel.calculate_qparams()
+    assert torch.isfinite(scale).all() and (scale > 0).all()
+
+
+def test_counts_beyond_two_to_the_127_are_kept_on_rebinning():
+    x = np.array([3.3e38, 3.0e38, 2.0**127, 1.0], dtype=np.float32)
+    state = oc.calib_histogram_update(oc.calib_histogram_init(bins=16, xp=np), x)
+    state = oc.calib_histogram_update(state, np.array([-3.3e38], dtype=np.float32))  # re-bins the grid
+    assert int(state.counts.sum()) == 5
+    assert int(state.counts[-1]) == 3  # the three values at or beyond 2**127 stay in the last bin
