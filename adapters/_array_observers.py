@@ -26,10 +26,12 @@ Used directly (``xp=numpy`` by default, or ``array_api_strict``) they are plain 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
+import types
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import array_api_compat
 import numpy as np
@@ -111,6 +113,12 @@ def _check_keys(state_dict: Any, expected: tuple[str, ...], owner: str) -> None:
         )
 
 
+class _ModuleName(NamedTuple):
+    """A module (an array namespace) in a pickled or deep-copied observer: imported again on load."""
+
+    name: str
+
+
 class ObserverBase:
     """What every observer shares: the array namespace, input checks, device placement.
 
@@ -123,6 +131,15 @@ class ObserverBase:
         self.is_dynamic = check_bool(is_dynamic, "is_dynamic")
         self._xp = self._namespace(xp)
         self._device = device
+
+    # -- copy and pickle: the namespace module travels by name ---------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: _ModuleName(v.__name__) if isinstance(v, types.ModuleType) else v for k, v in self.__dict__.items()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(
+            {k: importlib.import_module(v.name) if isinstance(v, _ModuleName) else v for k, v in state.items()}
+        )
 
     # -- hooks ---------------------------------------------------------------------------------------
     @classmethod

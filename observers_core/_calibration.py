@@ -37,6 +37,7 @@ from ._namespace import (
     index_dtype,
     is_torch_namespace,
     is_traced,
+    midpoint,
     read_flags,
     normalize_axis,
     size,
@@ -581,9 +582,7 @@ def bin_centers(edges: Array, xp: Any) -> Array:
     """The centers ``(e[j] + e[j + 1]) / 2`` of the bins along the last axis, with no overflow: where the
     sum overflows (edges beyond half of the dtype's maximum, e.g. 1.7e38 in float32) the center is
     ``e[j] / 2 + e[j + 1] / 2``, the same value (halving is exact away from subnormals)."""
-    low, high = edges[..., :-1], edges[..., 1:]
-    centers = (low + high) / 2
-    return xp.where(xp.isinf(centers) & xp.isfinite(low) & xp.isfinite(high), low / 2 + high / 2, centers)
+    return midpoint(edges[..., :-1], edges[..., 1:], xp)
 
 
 def _eps_of(dtype: Any, xp: Any) -> float:

@@ -17,6 +17,7 @@ from ._namespace import (
     discarded_invalid,
     is_jax_namespace,
     is_torch_namespace,
+    midpoint,
     normalize_axis,
     rounded,
     size,
@@ -195,14 +196,15 @@ def minmax_merge(a: MinMaxState, b: MinMaxState, /, *, xp: Any = None) -> MinMax
 
 
 def moving_average_merge(a: MinMaxState, b: MinMaxState, /, *, xp: Any = None) -> MinMaxState:
-    """Mean of two moving-average states (data-parallel replicas that averaged the same number of
-    steps, as a synchronised all-reduce does); an entry that has seen nothing takes the other's value."""
+    """Mean ``(u + v) / 2`` of two moving-average states (data-parallel replicas that averaged the same
+    number of steps, as a synchronised all-reduce does), with no overflow near the dtype's maximum
+    (:func:`~observers_core._namespace.midpoint`); an entry that has seen nothing takes the other's value."""
     xp = array_namespace(a.min_val, b.min_val, xp=xp)
     a_fresh = (a.min_val == INF) & (a.max_val == -INF)
     b_fresh = (b.min_val == INF) & (b.max_val == -INF)
 
     def mean(u: Array, v: Array) -> Array:
-        both = xp.where(a_fresh | b_fresh, xp.zeros_like(u), (u + v) / 2)
+        both = xp.where(a_fresh | b_fresh, xp.zeros_like(u), midpoint(u, v, xp))
         return xp.where(a_fresh, v, xp.where(b_fresh, u, both))
 
     return MinMaxState(mean(a.min_val, b.min_val), mean(a.max_val, b.max_val))

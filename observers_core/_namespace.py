@@ -32,6 +32,7 @@ __all__ = [
     "is_numpy_namespace",
     "is_cupy_namespace",
     "is_traced",
+    "midpoint",
     "read_flags",
 ]
 
@@ -149,3 +150,11 @@ def read_flags(flags: Array) -> list[bool]:
     elif hasattr(flags, "cpu"):
         flags = flags.cpu()
     return [bool(v) for v in np.asarray(flags).reshape(-1)]
+
+
+def midpoint(u: Array, v: Array, xp: Any) -> Array:
+    """``(u + v) / 2`` with no overflow: where the sum overflows (finite ``u``, ``v`` beyond half the
+    dtype's maximum) it is ``u / 2 + v / 2``, the same correctly rounded value (halving is exact away
+    from subnormals, so both round the exact mean once)."""
+    mean = (u + v) / 2
+    return xp.where(xp.isinf(mean) & xp.isfinite(u) & xp.isfinite(v), u / 2 + v / 2, mean)

@@ -172,3 +172,19 @@ class TraceCounter:
     def __call__(self, *args, **kwargs):
         self.count += 1
         return self.fn(*args, **kwargs)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Skips grouped by reason, with counts (one line per reason instead of one per test)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons: dict[str, int] = {}
+    for report in skipped:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    terminalreporter.section("skipped, by reason")
+    for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{count:6d}  {reason}")
