@@ -40,7 +40,7 @@ from observers_core._dtypes import FLOAT32_EPS, QScheme, QuantSpec, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init, minmax_qparams, minmax_update, moving_average_update
 from observers_core._namespace import check_real, index_dtype, normalize_axis, size
 from observers_core._qparams import QParams
-from observers_core._validate import check_bool
+from observers_core._validate import check_averaging_constant, check_bool
 
 __all__ = [
     "ObserverBase",
@@ -257,14 +257,7 @@ class UniformQuantizationObserverBase(ObserverBase):
     _averaging_constant: float | None = None
 
     def _set_averaging_constant(self, averaging_constant: Any) -> None:
-        if isinstance(averaging_constant, bool) or not isinstance(averaging_constant, (int, float, np.floating, np.integer)):
-            raise TypeError(
-                f"averaging_constant must be a float in [0, 1], got {type(averaging_constant).__name__} "
-                f"{averaging_constant!r}"
-            )
-        c = float(averaging_constant)
-        if not 0.0 <= c <= 1.0:
-            raise ValueError(f"averaging_constant={averaging_constant!r} must lie in [0, 1]")
+        c = check_averaging_constant(averaging_constant)
         self._averaging_constant = c
 
     # -- state ---------------------------------------------------------------------------------------

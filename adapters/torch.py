@@ -61,7 +61,7 @@ from .. import (
 )
 from .._dtypes import parse_dtype
 from .._namespace import normalize_axis
-from .._validate import check_bool
+from .._validate import check_averaging_constant, check_bool
 
 __all__ = [
     "ObserverBase",
@@ -324,12 +324,6 @@ class UniformQuantizationObserverBase(ObserverBase):
 _ObserverBase = UniformQuantizationObserverBase
 
 
-def _check_averaging_constant(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"averaging_constant must be a float in (0, 1], got {type(value).__name__} {value!r}")
-    if not 0 < value <= 1:
-        raise ValueError(f"averaging_constant={value} must be in (0, 1]")
-    return float(value)
 
 
 def _check_symmetric_reduce_range(observer: UniformQuantizationObserverBase) -> None:
@@ -416,7 +410,7 @@ class MinMaxObserver(UniformQuantizationObserverBase):
 class MovingAverageMinMaxObserver(MinMaxObserver):
     r"""Moving average of each batch's min/max (per tensor): the first batch sets the range, then
     ``x_min = x_min + c * (min(X) - x_min)`` and ``x_max = x_max + c * (max(X) - x_max)`` with
-    ``c = averaging_constant`` in ``(0, 1]``.
+    ``c = averaging_constant`` in ``[0, 1]``.
     """
 
     def __init__(
@@ -438,12 +432,12 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
                 f"MovingAverageMinMaxObserver's qscheme only supports torch.per_tensor_symmetric and "
                 f"torch.per_tensor_affine, got {qscheme}"
             )
-        if is_dynamic and _check_averaging_constant(averaging_constant) != 1:
+        if is_dynamic and check_averaging_constant(averaging_constant) != 1:
             raise NotImplementedError(
                 f"MovingAverageMinMaxObserver doesn't support dynamic quantization for averaging constant "
                 f"of {averaging_constant}"
             )
-        _check_averaging_constant(averaging_constant)
+        check_averaging_constant(averaging_constant)
         super().__init__(
             dtype=dtype,
             qscheme=qscheme,
@@ -619,7 +613,7 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
             )
         if is_dynamic:
             raise NotImplementedError("MovingAveragePerChannelMinMaxObserver doesn't support dynamic quantization")
-        _check_averaging_constant(averaging_constant)
+        check_averaging_constant(averaging_constant)
         super().__init__(
             ch_axis=ch_axis,
             dtype=dtype,
