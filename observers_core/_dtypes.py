@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._validate import check_eps
+
 __all__ = [
     "QUANT_DTYPES",
     "QScheme",
@@ -196,12 +198,7 @@ def quant_spec(
     qscheme = QScheme.parse(qscheme)
     if not isinstance(reduce_range, (bool, np.bool_)):
         raise TypeError(f"reduce_range must be a bool, got {type(reduce_range).__name__} {reduce_range!r}")
-    try:
-        eps = float(eps)
-    except (TypeError, ValueError):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__} {eps!r}") from None
-    if not eps > 0 or eps == float("inf"):
-        raise ValueError(f"eps={eps} must be a positive finite float")
+    eps = check_eps(eps)
     has_customized_qrange = quant_min is not None and quant_max is not None
     if has_customized_qrange:
         validate_qmin_qmax(quant_min, quant_max)
