@@ -209,4 +209,11 @@ def quant_spec(
             f"quant_min={quant_min}, quant_max={quant_max} give the range [{qmin}, {qmax}]; affine zero points "
             f"are int32, so it must lie within [{-(2**31)}, {2**31 - 1}]"
         )
-    return QuantSpec(dtype, qscheme, qmin, qmax, has_customized_qrange, eps)
+    spec = QuantSpec(dtype, qscheme, qmin, qmax, has_customized_qrange, eps)
+    if qscheme.is_symmetric and not -(2**31) <= spec.symmetric_zero_point < 2**31:
+        # torch gives an int64 zero point there; JAX without x64 has int32 only: refused on every backend
+        raise ValueError(
+            f"quant_min={quant_min}, quant_max={quant_max} give the symmetric zero point "
+            f"{spec.symmetric_zero_point}, outside int32 [{-(2**31)}, {2**31 - 1}]; use a narrower range"
+        )
+    return spec

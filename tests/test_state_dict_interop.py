@@ -112,3 +112,14 @@ def test_subnormal_eps_is_refused_everywhere(framework, name):
     with pytest.raises(ValueError, match="eps=1e-40"):
         getattr(module, name)(eps=1e-40)
     getattr(module, name)(eps=2.0**-126)  # float32's smallest normal is fine
+
+
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_symmetric_zero_point_beyond_int32_is_refused_everywhere(framework):
+    """Issue 11 item 11: quint8 symmetric with quant_max = 2**32 has zero point 2**31, which wrapped to
+    -2**31 on JAX (int32 without x64) and not elsewhere; every backend now refuses it."""
+    module, _ = FRAMEWORKS[framework]
+    dtype, qscheme = ("quint8", "per_tensor_symmetric") if framework != "torch" else (torch.quint8, torch.per_tensor_symmetric)
+    with pytest.raises(ValueError, match="symmetric zero point"):
+        module.MinMaxObserver(dtype=dtype, qscheme=qscheme, quant_min=0, quant_max=2**32)
+    module.MinMaxObserver(dtype=dtype, qscheme=qscheme, quant_min=0, quant_max=2**31)  # zero point 2**30 fits
