@@ -72,7 +72,7 @@ from observers_core._namespace import device_of, size
 from observers_core._qparams import QParams, calculate_qparams
 from observers_core._quantize import fake_quantize
 
-from observers_core._validate import check_bool, check_int
+from observers_core._validate import check_averaging_constant, check_bool, check_int
 
 from ._array_observers import UniformQuantizationObserverBase
 
@@ -142,10 +142,7 @@ def make_config(
             f"ch_axis={ch_axis} observes {'per channel' if per_channel else 'per tensor'} and needs {wanted}, "
             f"got qscheme={spec.qscheme.value!r} ({owner})"
         )
-    if isinstance(averaging_constant, bool) or not isinstance(averaging_constant, numbers.Real):
-        raise TypeError(f"averaging_constant must be a float in [0, 1], got {type(averaging_constant).__name__} {averaging_constant!r}")
-    if not 0.0 <= float(averaging_constant) <= 1.0:
-        raise ValueError(f"averaging_constant={averaging_constant!r} is out of range; allowed: 0 <= averaging_constant <= 1")
+    averaging_constant = check_averaging_constant(averaging_constant)
     if isinstance(percentile, bool) or not isinstance(percentile, numbers.Real):
         raise TypeError(f"percentile must be a float in (0, 100], got {type(percentile).__name__} {percentile!r}")
     if not 0.0 < float(percentile) <= 100.0:

@@ -40,7 +40,7 @@ from observers_core._dtypes import FLOAT32_EPS, QScheme, QuantSpec, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init, minmax_qparams, minmax_update, moving_average_update
 from observers_core._namespace import check_real, index_dtype, normalize_axis, size
 from observers_core._qparams import QParams
-from observers_core._validate import check_bool
+from observers_core._validate import check_averaging_constant, check_bool, check_eps
 
 __all__ = [
     "ObserverBase",
@@ -73,7 +73,7 @@ def _resolve_namespace(xp: Any) -> Any:
 
 
 
-def _host_array(value: Any, name: str) -> np.ndarray:
+def host_array(value: Any, name: str) -> np.ndarray:
     """A state-dict entry (numpy, cupy, jax, torch CPU, array_api_strict...) as a numpy array."""
     if hasattr(value, "get") and type(value).__module__.startswith("cupy"):
         return value.get()
@@ -91,7 +91,7 @@ def _host_array(value: Any, name: str) -> np.ndarray:
 
 def _check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.ndarray:
     """``value`` as a float64 numpy array after checking dtype and (if given) shape."""
-    arr = _host_array(value, name)
+    arr = host_array(value, name)
     if arr.dtype.name in _EXTENSION_FLOATS:
         arr = arr.astype(np.float32)
     if arr.dtype.kind not in "fiu":
@@ -111,6 +111,35 @@ def _check_keys(state_dict: Any, expected: tuple[str, ...], owner: str) -> None:
             f"state_dict for {owner} must have exactly the keys {list(expected)}; "
             f"missing: {missing}, unexpected: {unexpected}"
         )
+
+
+def check_minmax_entries(
+    eps: Any, min_val: Any, max_val: Any, *, per_channel: bool, owner: str
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """The min/max observers' state-dict entries (arrays of any framework), checked and as
+    ``(eps, min_val, max_val)`` (float, float32 numpy arrays): shapes ``(1,)`` for ``eps``, ``()`` per
+    tensor or equal ``(C,)`` per channel (``C = 0``: never updated); real dtypes; ``eps`` a positive
+    float32 normal; each ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``).
+    Shared by every adapter's ``load_state_dict``, so all accept and refuse the same."""
+    eps = _check_entry(eps, "eps", (1,))
+    shape = None if per_channel else ()
+    lo = _check_entry(min_val, "min_val", shape)
+    hi = _check_entry(max_val, "max_val", shape)
+    if per_channel and (lo.ndim != 1 or lo.shape != hi.shape):
+        raise ValueError(
+            f"state_dict['min_val'] and ['max_val'] must both have shape (C,) for {owner}, got {lo.shape} and {hi.shape}"
+        )
+    eps_val = check_eps(float(eps.astype(np.float32)[0]), "state_dict['eps']")
+    lo32, hi32 = lo.astype(np.float32), hi.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        never = (lo32 == np.inf) & (hi32 == -np.inf)
+        bad = (lo32 > hi32) & ~never
+    if np.any(bad):
+        raise ValueError(
+            f"state_dict has min_val > max_val at {np.argwhere(bad).ravel().tolist() or '()'}: "
+            f"{lo32[bad].tolist()} > {hi32[bad].tolist()}"
+        )
+    return eps_val, lo32, hi32
 
 
 class _ModuleName(NamedTuple):
@@ -257,14 +286,7 @@ class UniformQuantizationObserverBase(ObserverBase):
     _averaging_constant: float | None = None
 
     def _set_averaging_constant(self, averaging_constant: Any) -> None:
-        if isinstance(averaging_constant, bool) or not isinstance(averaging_constant, (int, float, np.floating, np.integer)):
-            raise TypeError(
-                f"averaging_constant must be a float in [0, 1], got {type(averaging_constant).__name__} "
-                f"{averaging_constant!r}"
-            )
-        c = float(averaging_constant)
-        if not 0.0 <= c <= 1.0:
-            raise ValueError(f"averaging_constant={averaging_constant!r} must lie in [0, 1]")
+        c = check_averaging_constant(averaging_constant)
         self._averaging_constant = c
 
     # -- state ---------------------------------------------------------------------------------------
@@ -422,27 +444,9 @@ class UniformQuantizationObserverBase(ObserverBase):
         """
         owner = type(self).__name__
         _check_keys(state_dict, ("eps", "min_val", "max_val"), owner)
-        eps = _check_entry(state_dict["eps"], "eps", (1,))
-        shape = None if self._PER_CHANNEL else ()
-        lo = _check_entry(state_dict["min_val"], "min_val", shape)
-        hi = _check_entry(state_dict["max_val"], "max_val", shape)
-        if self._PER_CHANNEL and (lo.ndim != 1 or lo.shape != hi.shape):
-            raise ValueError(
-                f"state_dict['min_val'] and ['max_val'] must both have shape (C,) for {owner}, "
-                f"got {lo.shape} and {hi.shape}"
-            )
-        eps_val = float(eps.astype(np.float32)[0])
-        if not (math.isfinite(eps_val) and eps_val > 0):
-            raise ValueError(f"state_dict['eps']={eps_val!r} must be positive and finite")
-        lo32, hi32 = lo.astype(np.float32), hi.astype(np.float32)
-        with np.errstate(invalid="ignore"):
-            never = (lo32 == np.inf) & (hi32 == -np.inf)
-            bad = (lo32 > hi32) & ~never
-        if np.any(bad):
-            raise ValueError(
-                f"state_dict has min_val > max_val at {np.argwhere(bad).ravel().tolist() or '()'}: "
-                f"{lo32[bad].tolist()} > {hi32[bad].tolist()}"
-            )
+        eps_val, lo32, hi32 = check_minmax_entries(
+            state_dict["eps"], state_dict["min_val"], state_dict["max_val"], per_channel=self._PER_CHANNEL, owner=owner
+        )
         # Everything checked: commit.
         like = None if self._state is None else self._state.min_val
         self._spec = dataclasses.replace(self._spec, eps=eps_val)

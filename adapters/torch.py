@@ -61,7 +61,8 @@ from .. import (
 )
 from .._dtypes import parse_dtype
 from .._namespace import normalize_axis
-from .._validate import check_bool
+from .._validate import check_averaging_constant, check_bool
+from ._array_observers import check_minmax_entries, host_array
 
 __all__ = [
     "ObserverBase",
@@ -309,9 +310,24 @@ class UniformQuantizationObserverBase(ObserverBase):
         if (version is None or version == 1) and prefix + "eps" not in state_dict:
             # eps became a buffer in version 2
             state_dict[prefix + "eps"] = torch.tensor([_FLOAT32_EPS])
+        self._check_loaded(state_dict, prefix)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+
+    def _check_loaded(self, state_dict, prefix) -> None:
+        """Before anything is loaded: entries of another framework (numpy, JAX, CuPy, array_api_strict)
+        become tensors, and ``eps``/``min_val``/``max_val`` pass the checks every adapter applies
+        (:func:`~observers_core.adapters._array_observers.check_minmax_entries`); ``ValueError``/``TypeError``
+        otherwise, with the buffers untouched."""
+        keys = [prefix + name for name in ("eps", "min_val", "max_val")]
+        for key in keys:
+            if key in state_dict and not isinstance(state_dict[key], torch.Tensor):
+                state_dict[key] = torch.as_tensor(host_array(state_dict[key], key.removeprefix(prefix)))
+        if all(key in state_dict for key in keys):
+            check_minmax_entries(
+                *(state_dict[key] for key in keys), per_channel=self.min_val.ndim == 1, owner=type(self).__name__
+            )
 
     def _repr_suffix(self) -> str:
         return ", ignore_nonfinite=True" if self.ignore_nonfinite else ""
@@ -324,12 +340,6 @@ class UniformQuantizationObserverBase(ObserverBase):
 _ObserverBase = UniformQuantizationObserverBase
 
 
-def _check_averaging_constant(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"averaging_constant must be a float in (0, 1], got {type(value).__name__} {value!r}")
-    if not 0 < value <= 1:
-        raise ValueError(f"averaging_constant={value} must be in (0, 1]")
-    return float(value)
 
 
 def _check_symmetric_reduce_range(observer: UniformQuantizationObserverBase) -> None:
@@ -416,7 +426,7 @@ class MinMaxObserver(UniformQuantizationObserverBase):
 class MovingAverageMinMaxObserver(MinMaxObserver):
     r"""Moving average of each batch's min/max (per tensor): the first batch sets the range, then
     ``x_min = x_min + c * (min(X) - x_min)`` and ``x_max = x_max + c * (max(X) - x_max)`` with
-    ``c = averaging_constant`` in ``(0, 1]``.
+    ``c = averaging_constant`` in ``[0, 1]``.
     """
 
     def __init__(
@@ -438,12 +448,12 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
                 f"MovingAverageMinMaxObserver's qscheme only supports torch.per_tensor_symmetric and "
                 f"torch.per_tensor_affine, got {qscheme}"
             )
-        if is_dynamic and _check_averaging_constant(averaging_constant) != 1:
+        if is_dynamic and check_averaging_constant(averaging_constant) != 1:
             raise NotImplementedError(
                 f"MovingAverageMinMaxObserver doesn't support dynamic quantization for averaging constant "
                 f"of {averaging_constant}"
             )
-        _check_averaging_constant(averaging_constant)
+        check_averaging_constant(averaging_constant)
         super().__init__(
             dtype=dtype,
             qscheme=qscheme,
@@ -570,6 +580,7 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
             for old, new in (("min_vals", "min_val"), ("max_vals", "max_val")):
                 if prefix + old in state_dict:
                     state_dict[prefix + new] = state_dict.pop(prefix + old)
+        self._check_loaded(state_dict, prefix)
         # Loading N values into an uninitialised (size 0) buffer, or another N: resize first.
         for name in ("min_val", "max_val"):
             value = state_dict.get(prefix + name)
@@ -619,7 +630,7 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
             )
         if is_dynamic:
             raise NotImplementedError("MovingAveragePerChannelMinMaxObserver doesn't support dynamic quantization")
-        _check_averaging_constant(averaging_constant)
+        check_averaging_constant(averaging_constant)
         super().__init__(
             ch_axis=ch_axis,
             dtype=dtype,

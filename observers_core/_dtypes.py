@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._validate import check_eps
+
 __all__ = [
     "QUANT_DTYPES",
     "QScheme",
@@ -196,12 +198,7 @@ def quant_spec(
     qscheme = QScheme.parse(qscheme)
     if not isinstance(reduce_range, (bool, np.bool_)):
         raise TypeError(f"reduce_range must be a bool, got {type(reduce_range).__name__} {reduce_range!r}")
-    try:
-        eps = float(eps)
-    except (TypeError, ValueError):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__} {eps!r}") from None
-    if not eps > 0 or eps == float("inf"):
-        raise ValueError(f"eps={eps} must be a positive finite float")
+    eps = check_eps(eps)
     has_customized_qrange = quant_min is not None and quant_max is not None
     if has_customized_qrange:
         validate_qmin_qmax(quant_min, quant_max)
@@ -212,4 +209,11 @@ def quant_spec(
             f"quant_min={quant_min}, quant_max={quant_max} give the range [{qmin}, {qmax}]; affine zero points "
             f"are int32, so it must lie within [{-(2**31)}, {2**31 - 1}]"
         )
-    return QuantSpec(dtype, qscheme, qmin, qmax, has_customized_qrange, eps)
+    spec = QuantSpec(dtype, qscheme, qmin, qmax, has_customized_qrange, eps)
+    if qscheme.is_symmetric and not -(2**31) <= spec.symmetric_zero_point < 2**31:
+        # torch gives an int64 zero point there; JAX without x64 has int32 only: refused on every backend
+        raise ValueError(
+            f"quant_min={quant_min}, quant_max={quant_max} give the symmetric zero point "
+            f"{spec.symmetric_zero_point}, outside int32 [{-(2**31)}, {2**31 - 1}]; use a narrower range"
+        )
+    return spec

@@ -14,7 +14,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["INF", "FLOAT32_TINY", "check_bool", "check_int", "check_float", "check_choice", "check_eps"]
+__all__ = [
+    "INF", "FLOAT32_TINY", "check_bool", "check_int", "check_float", "check_choice", "check_eps",
+    "check_averaging_constant",
+]
 
 INF = float("inf")
 #: float32's smallest normal number: below it XLA flushes to zero, so an ``eps`` there is refused.
@@ -61,9 +64,16 @@ def check_float(
     low = -INF if minimum is None else minimum
     high = INF if maximum is None else maximum
     if not (math.isfinite(value) and low <= value <= high):
-        bounds = [f"{minimum} <= {name}" if minimum is not None else "", f"{name} <= {maximum}" if maximum is not None else ""]
-        allowed = " and ".join(b for b in bounds if b) or "any finite value"
-        raise ValueError(f"{name}={value!r} must be a finite float; allowed: {allowed}")
+        if minimum is not None and maximum is not None:
+            allowed = f"{minimum} <= {name} <= {maximum}"
+        elif minimum is not None:
+            allowed = f"{name} >= {minimum}"
+        elif maximum is not None:
+            allowed = f"{name} <= {maximum}"
+        else:
+            allowed = "any finite value"
+        problem = "is out of range" if math.isfinite(value) else "must be finite"
+        raise ValueError(f"{name}={value!r} {problem}; allowed: {allowed}")
     return value
 
 
@@ -95,3 +105,11 @@ def check_eps(value: Any, name: str = "eps") -> float:
             f"{FLOAT32_TINY!r} <= {name} <= {float(np.finfo(np.float32).max)!r}"
         )
     return value
+
+
+def check_averaging_constant(value: Any, name: str = "averaging_constant") -> float:
+    """``c`` of the moving average ``x_min <- x_min + c * (min(X) - x_min)``: a float in ``[0, 1]``.
+
+    ``0`` is accepted as torch 2.13 accepts it (the first batch sets the range, later ones change
+    nothing); values outside ``[0, 1]`` (torch takes them and extrapolates) are refused."""
+    return check_float(value, name, minimum=0.0, maximum=1.0)

@@ -124,12 +124,27 @@ def test_invalid_configuration_names_the_argument(cls_name, kwargs, exc, match):
 
 
 @pytest.mark.parametrize("cls_name", ["MovingAverageMinMaxObserver", "MovingAveragePerChannelMinMaxObserver"])
-@pytest.mark.parametrize("value,exc", [(0, ValueError), (-0.1, ValueError), (1.5, ValueError),
+@pytest.mark.parametrize("value,exc", [(-0.1, ValueError), (1.5, ValueError),
                                        (float("nan"), ValueError), ("0.1", TypeError), (True, TypeError),
                                        (None, TypeError)])
 def test_invalid_averaging_constant(cls_name, value, exc):
     with pytest.raises(exc, match="averaging_constant"):
         getattr(ours, cls_name)(averaging_constant=value)
+
+
+@pytest.mark.parametrize("cls_name", ["MovingAverageMinMaxObserver", "MovingAveragePerChannelMinMaxObserver"])
+def test_averaging_constant_zero_freezes_the_first_range_as_torch(cls_name):
+    """torch 2.13 accepts 0: the first batch sets the range, later batches change nothing."""
+    rng = np.random.default_rng(3)
+    batches = [torch.from_numpy(rng.standard_normal((4, 6)).astype(np.float32) * s) for s in (1, 5, 0.2)]
+    theirs, mine = getattr(tobs, cls_name)(averaging_constant=0), getattr(ours, cls_name)(averaging_constant=0)
+    for x in batches:
+        theirs(x)
+        mine(x)
+    torch.testing.assert_close(mine.min_val, theirs.min_val, rtol=0, atol=0)
+    torch.testing.assert_close(mine.max_val, theirs.max_val, rtol=0, atol=0)
+    for a, b in zip(mine.calculate_qparams(), theirs.calculate_qparams()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("value,exc", [(1.5, TypeError), (True, TypeError), ("0", TypeError)])

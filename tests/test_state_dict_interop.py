@@ -1,0 +1,125 @@
+"""State dicts of the min/max observers across frameworks, and one set of checks for all of them
+(issue 11, items 5, 6 and 14).
+
+- A torch, NumPy or JAX observer's ``state_dict()`` loads into the same class of every other framework
+  as it is (no conversion by hand), and the qparams then agree.
+- The torch adapter refuses what the NumPy/JAX adapters refuse (NaN, zero, negative or subnormal ``eps``,
+  ``min_val > max_val``, bool/complex entries, wrong shapes), with the same exception type, buffers untouched.
+- A subnormal ``eps`` is refused by every constructor (XLA would flush it to zero: scale 0 on JAX only).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+from observers_core.adapters import _array_observers as numpy_observers  # noqa: E402
+from observers_core.adapters import jax as jax_observers  # noqa: E402
+from observers_core.adapters import torch as torch_observers  # noqa: E402
+
+from conftest import to_numpy  # noqa: E402
+
+CLASSES = ["MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelMinMaxObserver",
+           "MovingAveragePerChannelMinMaxObserver"]
+FRAMEWORKS = {
+    "torch": (torch_observers, lambda a: torch.from_numpy(a)),
+    "numpy": (numpy_observers, lambda a: a),
+    "jax": (jax_observers, jnp.asarray),
+}
+
+
+def _observer(framework: str, name: str, batches):
+    module, asarray = FRAMEWORKS[framework]
+    obs = getattr(module, name)()
+    for b in batches:
+        obs(asarray(b))
+    return obs
+
+
+def _entries(obs) -> dict:
+    return {k: to_numpy(v) for k, v in obs.state_dict().items()}
+
+
+def _qparams(obs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return [to_numpy(v).astype(np.float64) for v in obs.calculate_qparams()]
+
+
+@pytest.mark.parametrize("name", CLASSES)
+@pytest.mark.parametrize("source", list(FRAMEWORKS))
+@pytest.mark.parametrize("target", list(FRAMEWORKS))
+def test_state_dicts_load_in_every_direction(name, source, target):
+    rng = np.random.default_rng(0)
+    batches = [rng.standard_normal((6, 5)).astype(np.float32) * s for s in (1.0, 4.0)]
+    src = _observer(source, name, batches)
+    dst = _observer(target, name, [np.zeros((6, 5), np.float32)])  # some other state first
+    dst.load_state_dict(src.state_dict())
+    for key, value in _entries(src).items():
+        np.testing.assert_array_equal(_entries(dst)[key], value)
+    for a, b in zip(_qparams(dst), _qparams(src)):
+        np.testing.assert_array_equal(a, b)
+
+
+def _corruptions(per_channel: bool):
+    """(description, key, bad value as numpy) — each must be refused by every adapter."""
+    shape = (5,) if per_channel else ()
+    wrong_shape = (3,) if per_channel else (2,)
+    return [
+        ("nan eps", "eps", np.array([np.nan], np.float32)),
+        ("zero eps", "eps", np.array([0.0], np.float32)),
+        ("negative eps", "eps", np.array([-1.0], np.float32)),
+        ("subnormal eps", "eps", np.array([1e-40], np.float32)),
+        ("min > max", "min_val", np.full(shape, 1e30, np.float32)),
+        ("bool entry", "max_val", np.ones(shape, bool)),
+        ("complex entry", "max_val", np.ones(shape, np.complex64)),
+        ("wrong shape", "max_val", np.ones(wrong_shape, np.float32)),
+    ]
+
+
+@pytest.mark.parametrize("name", CLASSES)
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_corrupted_state_dicts_are_refused_alike(name, framework):
+    per_channel = "PerChannel" in name
+    rng = np.random.default_rng(1)
+    obs = _observer(framework, name, [rng.standard_normal((6, 5)).astype(np.float32)])
+    good = _entries(obs)
+    kinds = {}
+    for description, key, bad in _corruptions(per_channel):
+        state_dict = dict(good)
+        state_dict[key] = bad if framework != "torch" or bad.dtype != np.complex64 else torch.from_numpy(bad)
+        with pytest.raises((ValueError, TypeError)) as info:
+            obs.load_state_dict(state_dict)
+        kinds[description] = type(info.value)
+        for k, v in _entries(obs).items():  # untouched
+            np.testing.assert_array_equal(v, good[k])
+    expected = {d: (TypeError if d in ("bool entry", "complex entry") else ValueError) for d, _, _ in _corruptions(per_channel)}
+    assert kinds == expected
+
+
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+@pytest.mark.parametrize("name", ["MinMaxObserver", "PerChannelMinMaxObserver", "HistogramObserver"])
+def test_subnormal_eps_is_refused_everywhere(framework, name):
+    module, _ = FRAMEWORKS[framework]
+    if framework == "numpy" and name == "HistogramObserver":
+        from observers_core.adapters import _array_histogram as module
+    with pytest.raises(ValueError, match="eps=1e-40"):
+        getattr(module, name)(eps=1e-40)
+    getattr(module, name)(eps=2.0**-126)  # float32's smallest normal is fine
+
+
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_symmetric_zero_point_beyond_int32_is_refused_everywhere(framework):
+    """Issue 11 item 11: quint8 symmetric with quant_max = 2**32 has zero point 2**31, which wrapped to
+    -2**31 on JAX (int32 without x64) and not elsewhere; every backend now refuses it."""
+    module, _ = FRAMEWORKS[framework]
+    dtype, qscheme = ("quint8", "per_tensor_symmetric") if framework != "torch" else (torch.quint8, torch.per_tensor_symmetric)
+    with pytest.raises(ValueError, match="symmetric zero point"):
+        module.MinMaxObserver(dtype=dtype, qscheme=qscheme, quant_min=0, quant_max=2**32)
+    module.MinMaxObserver(dtype=dtype, qscheme=qscheme, quant_min=0, quant_max=2**31)  # zero point 2**30 fits
