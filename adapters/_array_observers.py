@@ -38,7 +38,7 @@ import numpy as np
 
 from observers_core._dtypes import FLOAT32_EPS, QScheme, QuantSpec, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init, minmax_qparams, minmax_update, moving_average_update
-from observers_core._namespace import check_real, index_dtype, normalize_axis, size
+from observers_core._namespace import check_real, index_dtype, namespace_of, normalize_axis, size
 from observers_core._qparams import QParams
 from observers_core._validate import check_averaging_constant, check_bool, check_eps
 
@@ -61,16 +61,12 @@ _EXTENSION_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnu
 
 
 def _resolve_namespace(xp: Any) -> Any:
-    """The array-API namespace of ``xp`` (a module such as ``numpy`` gives ``array_api_compat.numpy``)."""
+    """The array-API namespace of ``xp`` (``None``: ``array_api_compat.numpy``; see :func:`namespace_of`)."""
     if xp is None:
         import array_api_compat.numpy as np_xp
 
         return np_xp
-    try:
-        return array_api_compat.array_namespace(xp.asarray(0.0))
-    except (AttributeError, TypeError) as err:
-        raise TypeError(f"xp={xp!r} is not an array namespace (numpy, array_api_strict, ...)") from err
-
+    return namespace_of(xp)
 
 
 def host_array(value: Any, name: str) -> np.ndarray:

@@ -30,6 +30,7 @@ from array_api_compat import device as _device
 from ._dtypes import QScheme, QuantSpec
 from ._validate import INF, check_bool, check_float, check_int
 from ._namespace import (
+    namespace_of,
     array_namespace,
     bincount,
     check_real,
@@ -806,6 +807,7 @@ def calib_histogram_init(
     ``dtype`` (float32 by default) is that of the grid and range, and values are binned in it."""
     bins = check_int(bins, "bins", minimum=2)
     shape = () if num_channels is None else (check_int(num_channels, "num_channels", minimum=1),)
+    xp = namespace_of(xp)
     dtype = xp.float32 if dtype is None else dtype
     return CalibHistogram(
         xp.zeros(shape + (bins,), dtype=index_dtype(xp), device=device),
