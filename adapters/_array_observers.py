@@ -85,7 +85,7 @@ def host_array(value: Any, name: str) -> np.ndarray:
         raise TypeError(f"state_dict[{name!r}] must be an array, got {type(value).__name__}") from err
 
 
-def _check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.ndarray:
+def check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.ndarray:
     """``value`` as a float64 numpy array after checking dtype and (if given) shape."""
     arr = host_array(value, name)
     if arr.dtype.name in _EXTENSION_FLOATS:
@@ -97,7 +97,7 @@ def _check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.nda
     return arr
 
 
-def _check_keys(state_dict: Any, expected: tuple[str, ...], owner: str) -> None:
+def check_keys(state_dict: Any, expected: tuple[str, ...], owner: str) -> None:
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
     missing = [k for k in expected if k not in state_dict]
@@ -117,10 +117,10 @@ def check_minmax_entries(
     tensor or equal ``(C,)`` per channel (``C = 0``: never updated); real dtypes; ``eps`` a positive
     float32 normal; each ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``).
     Shared by every adapter's ``load_state_dict``, so all accept and refuse the same."""
-    eps = _check_entry(eps, "eps", (1,))
+    eps = check_entry(eps, "eps", (1,))
     shape = None if per_channel else ()
-    lo = _check_entry(min_val, "min_val", shape)
-    hi = _check_entry(max_val, "max_val", shape)
+    lo = check_entry(min_val, "min_val", shape)
+    hi = check_entry(max_val, "max_val", shape)
     if per_channel and (lo.ndim != 1 or lo.shape != hi.shape):
         raise ValueError(
             f"state_dict['min_val'] and ['max_val'] must both have shape (C,) for {owner}, got {lo.shape} and {hi.shape}"
@@ -363,7 +363,7 @@ class UniformQuantizationObserverBase(ObserverBase):
 
     def _compute_update(self, state: MinMaxState, x: Array, axis: int | None) -> MinMaxState:
         """The core update (JAX runs this under ``jax.jit``)."""
-        return _core_update(
+        return core_update(
             state, x, axis=axis, averaging_constant=self._averaging_constant,
             ignore_nonfinite=self.ignore_nonfinite, xp=self._xp,
         )
@@ -439,7 +439,7 @@ class UniformQuantizationObserverBase(ObserverBase):
         and finite; each ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``).
         """
         owner = type(self).__name__
-        _check_keys(state_dict, ("eps", "min_val", "max_val"), owner)
+        check_keys(state_dict, ("eps", "min_val", "max_val"), owner)
         eps_val, lo32, hi32 = check_minmax_entries(
             state_dict["eps"], state_dict["min_val"], state_dict["max_val"], per_channel=self._PER_CHANNEL, owner=owner
         )
@@ -461,7 +461,7 @@ class UniformQuantizationObserverBase(ObserverBase):
         )
 
 
-def _core_update(
+def core_update(
     state: MinMaxState, x: Array, *, axis: int | None, averaging_constant: float | None, ignore_nonfinite: bool, xp: Any
 ) -> MinMaxState:
     """Running min/max (``averaging_constant=None``) or moving average, by the core."""
@@ -639,9 +639,9 @@ class FixedQParamsObserver(ObserverBase):
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load ``scale`` (one positive float) and ``zero_point`` (one integer in the range)."""
-        _check_keys(state_dict, ("scale", "zero_point"), "FixedQParamsObserver")
-        s = _check_entry(state_dict["scale"], "scale", (1,))
-        z = _check_entry(state_dict["zero_point"], "zero_point", (1,))
+        check_keys(state_dict, ("scale", "zero_point"), "FixedQParamsObserver")
+        s = check_entry(state_dict["scale"], "scale", (1,))
+        z = check_entry(state_dict["zero_point"], "zero_point", (1,))
         s, z = self._check_qparams(s, z, "state_dict['scale']", "state_dict['zero_point']")
         self._scale, self._zero_point = self._to_arrays(s, z, self._scale)
 
@@ -683,7 +683,7 @@ class PlaceholderObserver(ObserverBase):
         return {}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        _check_keys(state_dict, (), type(self).__name__)
+        check_keys(state_dict, (), type(self).__name__)
 
 
 class NoopObserver(PlaceholderObserver):
