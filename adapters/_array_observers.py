@@ -8,19 +8,9 @@ arrays of one namespace and call the pure core for every update and for the qpar
 
 Used directly (``xp=numpy`` by default, or ``array_api_strict``) they are plain NumPy observers;
 ``observers_core.adapters.jax`` and ``.cupy`` subclass them and add only what is framework-specific
-(``jax.jit``, devices). Differences from torch, all deliberate:
-
-- configuration errors are ``ValueError``/``TypeError`` naming the argument (torch: ``AssertionError``,
-  ``NotImplementedError``); ``averaging_constant`` must lie in ``[0, 1]`` (torch takes any float);
-- ``ignore_nonfinite=True`` (keyword-only, default ``False`` = torch's NaN-poisons behaviour) skips
-  NaN/+-Inf; a channel that has seen no finite value keeps ``+inf``/``-inf`` and gets ``scale=1, zp=0``;
-- bad inputs (bool/complex, a changed channel count, ``ch_axis`` out of range, another device) raise
-  and leave the state untouched; per-channel observers accept 1-d inputs (one element per channel);
-- ``load_state_dict`` validates keys, shapes, dtypes and values (``min_val <= max_val`` unless the
-  entry is NaN or the never-updated ``(+inf, -inf)``) up front, so torch's ``min > max`` error in
-  ``calculate_qparams`` cannot happen later;
-- zero points are int32 (affine) or the namespace's index dtype (symmetric, and the defaults of an
-  observer that has seen nothing), where torch has int32/int64.
+(``jax.jit``, devices). Deliberate differences from torch are listed in README.md ("Differences from
+torch.ao"); zero points are int32 (affine) or the namespace's index dtype (symmetric, and the defaults of
+an observer that has seen nothing), where torch has int32/int64.
 """
 
 from __future__ import annotations

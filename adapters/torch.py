@@ -16,24 +16,9 @@ Example::
     qconfig = QConfig(activation=MinMaxObserver.with_args(reduce_range=True),
                       weight=default_per_channel_weight_observer)
 
-Differences from torch, all on inputs torch does not handle well:
-
-- invalid configuration raises ``ValueError``/``TypeError`` naming the argument (torch:
-  ``AssertionError``); ``NotImplementedError`` is kept where torch raises it;
-- a bad ``forward`` input (bool/complex dtype, another device than the buffers, ``ch_axis`` out of
-  range, a changed channel count) raises ``ValueError``/``TypeError`` and leaves the buffers untouched;
-- per-channel observers accept 1-d inputs (each element is a channel; torch raises ``IndexError``);
-- legacy (version < 3) per-channel ``min_vals``/``max_vals`` keys are loaded (torch 2.13 resizes the
-  buffers but leaves them uninitialised); a version 1/None state_dict gets the default ``eps`` only
-  when it has none (torch overwrites a present ``eps`` too);
-- ``ignore_nonfinite=True`` (keyword-only, default ``False``) skips NaN and +/-Inf as ONNX Runtime's
-  ``nanmin``/``nanmax`` do; ``calculate_qparams`` then gives a channel that saw no finite value
-  ``scale=1, zero_point=0`` with a warning. The flag is configuration, like ``qscheme``: it is kept by
-  ``copy.deepcopy`` and pickling, and is not a state_dict entry (the keys stay torch's);
-- the observers are eager-only (they call the Python core, so ``torch.jit.script`` does not apply);
-  ``FusedMovingAvgObsFakeQuantize`` and ``FixedQParamsFakeQuantize`` insist on torch's own observer
-  classes (``isinstance``/``type`` checks), so they need torch's observers; ``.half()``/``.bfloat16()``
-  observers give a float32 scale where torch gives the buffer dtype.
+Deliberate differences from torch are listed, each with the test that pins it, in README.md
+("Differences from torch.ao"). The observers are eager-only for ``torch.jit.script``; ``FusedMovingAvgObsFakeQuantize``
+and ``FixedQParamsFakeQuantize`` insist on torch's own observer classes.
 """
 
 from __future__ import annotations
