@@ -56,8 +56,8 @@ from typing import Any, NamedTuple
 
 from observers_core._calibration import (
     CalibHistogram,
-    _mse_window,
-    _work_dtype,
+    mse_window,
+    work_dtype,
     calib_histogram_edges,
     calib_histogram_init,
     calib_histogram_update,
@@ -108,7 +108,7 @@ class CalibConfig:
 def positive_levels(spec: QuantSpec) -> int:
     """Levels ``z .. quant_max`` that ``[0, amax]`` is quantized to (``z``: the zero point of
     ``calculate_qparams(0, amax)``): 128 for qint8 symmetric, 256 for quint8 affine."""
-    low, high = _mse_window(spec)
+    low, high = mse_window(spec)
     return high - low + 1
 
 
@@ -236,7 +236,7 @@ def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: 
     ``fq_k`` = :func:`~observers_core.fake_quantize` by ``calculate_qparams(lo_k, hi_k, spec)``.
     float64 where the namespace has it. Shape of ``lo``."""
     rows = xp.reshape(x, (1, -1)) if axis is None else xp.reshape(xp.moveaxis(x, axis, 0), (x.shape[axis], -1))
-    dtype = _work_dtype(xp, device_of(x))
+    dtype = work_dtype(xp, device_of(x))
     rows = xp.astype(rows, dtype)
     finite = xp.isfinite(rows)
     rows = xp.where(finite, rows, 0.0)

@@ -44,7 +44,7 @@ from observers_core.families import histogram as family
 from observers_core._namespace import device_of as _device_of
 from observers_core._qparams import QParams
 
-from ._array_observers import UniformQuantizationObserverBase, _check_entry, _check_keys
+from ._array_observers import UniformQuantizationObserverBase, check_entry, check_keys
 
 __all__ = ["HistogramObserver"]
 
@@ -226,12 +226,12 @@ class HistogramObserver(UniformQuantizationObserverBase):
         the ``(0,)`` min/max of torch's version < 3). Everything is checked (:func:`check_loaded_state`,
         ``eps`` positive and finite) before anything changes."""
         owner = type(self).__name__
-        _check_keys(state_dict, STATE_KEYS, owner)
-        eps = _check_entry(state_dict["eps"], "eps", (1,))
+        check_keys(state_dict, STATE_KEYS, owner)
+        eps = check_entry(state_dict["eps"], "eps", (1,))
         eps_val = float(eps.astype(np.float32)[0])
         if not (math.isfinite(eps_val) and eps_val > 0):
             raise ValueError(f"state_dict['eps']={eps_val!r} must be positive and finite")
-        entries = (_check_entry(state_dict[k], k, None) for k in ("histogram", "min_val", "max_val"))
+        entries = (check_entry(state_dict[k], k, None) for k in ("histogram", "min_val", "max_val"))
         checked = check_loaded_state(*entries, bins=self._bins, owner=owner)
         like = None if self._state is None else self._state.min_val
         self._spec = dataclasses.replace(self._spec, eps=eps_val)

@@ -50,7 +50,7 @@ from observers_core.families.lowbit import (
 
 from observers_core._validate import check_bool
 
-from ._array_observers import ObserverBase, _check_entry, _check_keys
+from ._array_observers import ObserverBase, check_entry, check_keys
 
 __all__ = [
     "LowBitObserver",
@@ -209,9 +209,9 @@ class LowBitObserver(ObserverBase):
         """Load ``min_val``/``max_val`` (numpy, this framework's arrays or torch CPU tensors), all checked
         (:func:`check_loaded_stats`) before anything changes."""
         owner = type(self).__name__
-        _check_keys(state_dict, ("min_val", "max_val"), owner)
-        lo = _check_entry(state_dict["min_val"], "min_val", None)
-        hi = _check_entry(state_dict["max_val"], "max_val", None)
+        check_keys(state_dict, ("min_val", "max_val"), owner)
+        lo = check_entry(state_dict["min_val"], "min_val", None)
+        hi = check_entry(state_dict["max_val"], "max_val", None)
         checked = check_loaded_stats(lo, hi, self._spec, owner)
         if checked is None:
             self._state = None

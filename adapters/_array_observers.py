@@ -8,19 +8,9 @@ arrays of one namespace and call the pure core for every update and for the qpar
 
 Used directly (``xp=numpy`` by default, or ``array_api_strict``) they are plain NumPy observers;
 ``observers_core.adapters.jax`` and ``.cupy`` subclass them and add only what is framework-specific
-(``jax.jit``, devices). Differences from torch, all deliberate:
-
-- configuration errors are ``ValueError``/``TypeError`` naming the argument (torch: ``AssertionError``,
-  ``NotImplementedError``); ``averaging_constant`` must lie in ``[0, 1]`` (torch takes any float);
-- ``ignore_nonfinite=True`` (keyword-only, default ``False`` = torch's NaN-poisons behaviour) skips
-  NaN/+-Inf; a channel that has seen no finite value keeps ``+inf``/``-inf`` and gets ``scale=1, zp=0``;
-- bad inputs (bool/complex, a changed channel count, ``ch_axis`` out of range, another device) raise
-  and leave the state untouched; per-channel observers accept 1-d inputs (one element per channel);
-- ``load_state_dict`` validates keys, shapes, dtypes and values (``min_val <= max_val`` unless the
-  entry is NaN or the never-updated ``(+inf, -inf)``) up front, so torch's ``min > max`` error in
-  ``calculate_qparams`` cannot happen later;
-- zero points are int32 (affine) or the namespace's index dtype (symmetric, and the defaults of an
-  observer that has seen nothing), where torch has int32/int64.
+(``jax.jit``, devices). Deliberate differences from torch are listed in README.md ("Differences from
+torch.ao"); zero points are int32 (affine) or the namespace's index dtype (symmetric, and the defaults of
+an observer that has seen nothing), where torch has int32/int64.
 """
 
 from __future__ import annotations
@@ -38,7 +28,7 @@ import numpy as np
 
 from observers_core._dtypes import FLOAT32_EPS, QScheme, QuantSpec, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init, minmax_qparams, minmax_update, moving_average_update
-from observers_core._namespace import check_real, index_dtype, normalize_axis, size
+from observers_core._namespace import check_real, index_dtype, namespace_of, normalize_axis, size
 from observers_core._qparams import QParams
 from observers_core._validate import check_averaging_constant, check_bool, check_eps
 
@@ -61,16 +51,12 @@ _EXTENSION_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnu
 
 
 def _resolve_namespace(xp: Any) -> Any:
-    """The array-API namespace of ``xp`` (a module such as ``numpy`` gives ``array_api_compat.numpy``)."""
+    """The array-API namespace of ``xp`` (``None``: ``array_api_compat.numpy``; see :func:`namespace_of`)."""
     if xp is None:
         import array_api_compat.numpy as np_xp
 
         return np_xp
-    try:
-        return array_api_compat.array_namespace(xp.asarray(0.0))
-    except (AttributeError, TypeError) as err:
-        raise TypeError(f"xp={xp!r} is not an array namespace (numpy, array_api_strict, ...)") from err
-
+    return namespace_of(xp)
 
 
 def host_array(value: Any, name: str) -> np.ndarray:
@@ -89,7 +75,7 @@ def host_array(value: Any, name: str) -> np.ndarray:
         raise TypeError(f"state_dict[{name!r}] must be an array, got {type(value).__name__}") from err
 
 
-def _check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.ndarray:
+def check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.ndarray:
     """``value`` as a float64 numpy array after checking dtype and (if given) shape."""
     arr = host_array(value, name)
     if arr.dtype.name in _EXTENSION_FLOATS:
@@ -101,7 +87,7 @@ def _check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.nda
     return arr
 
 
-def _check_keys(state_dict: Any, expected: tuple[str, ...], owner: str) -> None:
+def check_keys(state_dict: Any, expected: tuple[str, ...], owner: str) -> None:
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
     missing = [k for k in expected if k not in state_dict]
@@ -121,10 +107,10 @@ def check_minmax_entries(
     tensor or equal ``(C,)`` per channel (``C = 0``: never updated); real dtypes; ``eps`` a positive
     float32 normal; each ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``).
     Shared by every adapter's ``load_state_dict``, so all accept and refuse the same."""
-    eps = _check_entry(eps, "eps", (1,))
+    eps = check_entry(eps, "eps", (1,))
     shape = None if per_channel else ()
-    lo = _check_entry(min_val, "min_val", shape)
-    hi = _check_entry(max_val, "max_val", shape)
+    lo = check_entry(min_val, "min_val", shape)
+    hi = check_entry(max_val, "max_val", shape)
     if per_channel and (lo.ndim != 1 or lo.shape != hi.shape):
         raise ValueError(
             f"state_dict['min_val'] and ['max_val'] must both have shape (C,) for {owner}, got {lo.shape} and {hi.shape}"
@@ -367,7 +353,7 @@ class UniformQuantizationObserverBase(ObserverBase):
 
     def _compute_update(self, state: MinMaxState, x: Array, axis: int | None) -> MinMaxState:
         """The core update (JAX runs this under ``jax.jit``)."""
-        return _core_update(
+        return core_update(
             state, x, axis=axis, averaging_constant=self._averaging_constant,
             ignore_nonfinite=self.ignore_nonfinite, xp=self._xp,
         )
@@ -443,7 +429,7 @@ class UniformQuantizationObserverBase(ObserverBase):
         and finite; each ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``).
         """
         owner = type(self).__name__
-        _check_keys(state_dict, ("eps", "min_val", "max_val"), owner)
+        check_keys(state_dict, ("eps", "min_val", "max_val"), owner)
         eps_val, lo32, hi32 = check_minmax_entries(
             state_dict["eps"], state_dict["min_val"], state_dict["max_val"], per_channel=self._PER_CHANNEL, owner=owner
         )
@@ -465,7 +451,7 @@ class UniformQuantizationObserverBase(ObserverBase):
         )
 
 
-def _core_update(
+def core_update(
     state: MinMaxState, x: Array, *, axis: int | None, averaging_constant: float | None, ignore_nonfinite: bool, xp: Any
 ) -> MinMaxState:
     """Running min/max (``averaging_constant=None``) or moving average, by the core."""
@@ -643,9 +629,9 @@ class FixedQParamsObserver(ObserverBase):
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load ``scale`` (one positive float) and ``zero_point`` (one integer in the range)."""
-        _check_keys(state_dict, ("scale", "zero_point"), "FixedQParamsObserver")
-        s = _check_entry(state_dict["scale"], "scale", (1,))
-        z = _check_entry(state_dict["zero_point"], "zero_point", (1,))
+        check_keys(state_dict, ("scale", "zero_point"), "FixedQParamsObserver")
+        s = check_entry(state_dict["scale"], "scale", (1,))
+        z = check_entry(state_dict["zero_point"], "zero_point", (1,))
         s, z = self._check_qparams(s, z, "state_dict['scale']", "state_dict['zero_point']")
         self._scale, self._zero_point = self._to_arrays(s, z, self._scale)
 
@@ -687,7 +673,7 @@ class PlaceholderObserver(ObserverBase):
         return {}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        _check_keys(state_dict, (), type(self).__name__)
+        check_keys(state_dict, (), type(self).__name__)
 
 
 class NoopObserver(PlaceholderObserver):

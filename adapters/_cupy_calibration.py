@@ -22,14 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 from . import _array_calibration as _base
-from .cupy import _CupyMinMaxMixin
+from ._cupy_minmax import CupyMinMaxMixin
 
 __all__ = list(_base.__all__)
 
 Array = Any
 
 
-class _CupyCalibrationMixin(_CupyMinMaxMixin):
+class _CupyCalibrationMixin(CupyMinMaxMixin):
     def _compute_batch(self, state, x: Array, axis: int | None):
         with state.min_val.device:
             return super()._compute_batch(state, x, axis)

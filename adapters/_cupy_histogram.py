@@ -20,10 +20,10 @@ Example::
 from __future__ import annotations
 
 from . import _array_histogram as _base
-from .cupy import _CupyMinMaxMixin
+from ._cupy_minmax import CupyMinMaxMixin
 
 __all__ = list(_base.__all__)
 
 
-class HistogramObserver(_CupyMinMaxMixin, _base.HistogramObserver):
+class HistogramObserver(CupyMinMaxMixin, _base.HistogramObserver):
     __doc__ = _base.HistogramObserver.__doc__

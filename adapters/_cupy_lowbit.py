@@ -20,14 +20,14 @@ from __future__ import annotations
 from typing import Any
 
 from . import _array_lowbit as _base
-from .cupy import _CupyMixin
+from ._cupy_minmax import CupyMixin
 
 __all__ = list(_base.__all__)
 
 Array = Any
 
 
-class _CupyLowBitMixin(_CupyMixin):
+class _CupyLowBitMixin(CupyMixin):
     def _compute_update(self, state, x: Array):
         with x.device:
             return super()._compute_update(state, x)

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _array_calibration as _base
-from .jax import _JaxMinMaxMixin
+from ._jax_minmax import JaxMinMaxMixin
 
 __all__ = list(_base.__all__)
 
@@ -67,7 +67,7 @@ def _jit_kl(state, acc, *, config):
     return _kl_body(state, acc, config=config)
 
 
-class _JaxCalibrationMixin(_JaxMinMaxMixin):
+class _JaxCalibrationMixin(JaxMinMaxMixin):
     def _compute_batch(self, state, x: Array, axis: int | None):
         return _jit_batch(state, x, axis=axis, config=self._config)
 

@@ -32,7 +32,7 @@ import jax
 from observers_core.families import histogram as family
 
 from . import _array_histogram as _base
-from .jax import _JaxMinMaxMixin
+from ._jax_minmax import JaxMinMaxMixin
 
 __all__ = list(_base.__all__)
 
@@ -57,7 +57,7 @@ def _jit_qparams(state, *, config):
     return _qparams_body(config, state)
 
 
-class HistogramObserver(_JaxMinMaxMixin, _base.HistogramObserver):
+class HistogramObserver(JaxMinMaxMixin, _base.HistogramObserver):
     __doc__ = _base.HistogramObserver.__doc__
 
     def _compute_update(self, state, x: Any, axis: int | None):

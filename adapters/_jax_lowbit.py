@@ -34,7 +34,7 @@ from observers_core._minmax import MinMaxState
 from observers_core.families import lowbit as lowbit_family
 
 from . import _array_lowbit as _base
-from .jax import _JaxMixin
+from ._jax_minmax import JaxMixin
 
 __all__ = list(_base.__all__)
 
@@ -76,7 +76,7 @@ def _stats_struct(spec, ignore_nonfinite: bool, shape: tuple[int, ...], dtype: A
     return jax.eval_shape(observe, jax.ShapeDtypeStruct(shape, dtype)).min_val
 
 
-class _JaxLowBitMixin(_JaxMixin):
+class _JaxLowBitMixin(JaxMixin):
     def _compute_update(self, state, x: Array):
         if state is None:
             # merging into the identity (+inf/-inf) gives the batch's own statistics: the first batch

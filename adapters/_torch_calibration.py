@@ -36,7 +36,7 @@ from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import normalize_axis
 
 from . import _array_calibration as _base
-from .torch import UniformQuantizationObserverBase, _checked_input, to_core_dtype, to_core_qscheme
+from ._torch_minmax import UniformQuantizationObserverBase, checked_input, to_core_dtype, to_core_qscheme
 
 __all__ = list(_base.__all__)
 
@@ -127,7 +127,7 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
 
     def forward(self, x_orig):
         r"""Observes ``x`` (see the class docstring); returns ``x`` itself. Errors leave the buffers untouched."""
-        x = _checked_input(x_orig, self._buffers["min_val"])
+        x = checked_input(x_orig, self._buffers["min_val"])
         axis = self._axis(x)
         if x.numel() == 0:
             return x_orig

@@ -47,14 +47,14 @@ import torch
 
 from observers_core._histogram import HistogramState, check_bins, check_upsample_rate, histogram
 from observers_core._l2_search import non_linear_param_search
+from observers_core._dtypes import FLOAT32_EPS
 from observers_core.families import histogram as family
 
 from ._array_histogram import check_dtype, check_loaded_state
-from ._array_observers import _check_entry
-from .torch import (
-    _FLOAT32_EPS,
+from ._array_observers import check_entry
+from ._torch_minmax import (
     UniformQuantizationObserverBase,
-    _checked_input,
+    checked_input,
     to_core_dtype,
     to_core_qscheme,
 )
@@ -102,7 +102,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         quant_min=None,
         quant_max=None,
         factory_kwargs=None,
-        eps=_FLOAT32_EPS,
+        eps=FLOAT32_EPS,
         is_dynamic=False,
         *,
         upsample_rate=16,
@@ -161,7 +161,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         r"""Adds ``x`` to the running histogram (see the class docstring); returns ``x`` itself. Empty
         ``x``: nothing changes. Errors leave the buffers untouched."""
         hist = self._buffers["histogram"]
-        x = _checked_input(x_orig, hist)
+        x = checked_input(x_orig, hist)
         if x.numel() == 0:
             return x_orig
         config = family.Config(self.bins, self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite)
@@ -179,7 +179,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         r"""Sets ``min_val``/``max_val`` and ``histogram = histc(x, bins, min_val, max_val)`` (torch's first
         batch; values outside the range, NaN and inf are not counted). ``min_val <= max_val``, one value
         each, else ``ValueError`` with the buffers untouched."""
-        x = _checked_input(x, self._buffers["histogram"])
+        x = checked_input(x, self._buffers["histogram"])
         self._state()  # checks the buffer against bins
         bounds = []
         for name, value in (("min_val", min_val), ("max_val", max_val)):
@@ -228,7 +228,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
                     state_dict[keys[name]] = torch.tensor(fill)
         if all(isinstance(state_dict.get(k), torch.Tensor) for k in keys.values()):
             # checked before anything changes; the values are then copied into the buffers by the base
-            entries = [_check_entry(state_dict[k], k, None) for k in keys.values()]
+            entries = [check_entry(state_dict[k], k, None) for k in keys.values()]
             hist, lo, hi = check_loaded_state(*entries, bins=self.bins, owner="HistogramObserver")
             for name, value in zip(keys, (hist, lo, hi)):
                 state_dict[keys[name]] = torch.from_numpy(value)

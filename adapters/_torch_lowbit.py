@@ -37,8 +37,8 @@ from observers_core.families import lowbit as lowbit_family
 from . import _array_lowbit as _base
 from observers_core._validate import check_bool
 
-from ._array_observers import _check_entry
-from .torch import _XP, ObserverBase, _checked_input
+from ._array_observers import check_entry
+from ._torch_minmax import TORCH_XP, ObserverBase, checked_input
 
 __all__ = list(_base.__all__)
 
@@ -119,12 +119,12 @@ class LowBitObserver(ObserverBase):
         returns ``x`` itself. Errors leave the buffers untouched."""
         buffers = self._buffers
         min_val, max_val = buffers["min_val"], buffers["max_val"]
-        x = _checked_input(x_orig, min_val)
+        x = checked_input(x_orig, min_val)
         lowbit_family.check_axis(x, self.spec)
         if x.numel() == 0:
             return x_orig
         state = None if self.is_dynamic else self._state()
-        new = lowbit_family.observe(state, x, spec=self.spec, ignore_nonfinite=self.ignore_nonfinite, xp=_XP)
+        new = lowbit_family.observe(state, x, spec=self.spec, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP)
         if state is None:
             buffers["min_val"], buffers["max_val"] = new.min_val, new.max_val
         else:
@@ -138,19 +138,19 @@ class LowBitObserver(ObserverBase):
         state = self._state()
         if state is None:
             warnings.warn(lowbit_family.UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
-            state = lowbit_family.unobserved_state(_XP, self.min_val.device)
-        return lowbit_qparams(state, self.spec, xp=_XP)
+            state = lowbit_family.unobserved_state(TORCH_XP, self.min_val.device)
+        return lowbit_qparams(state, self.spec, xp=TORCH_XP)
 
     def fake_quantize(self, x_orig: torch.Tensor) -> torch.Tensor:
         r"""Quantize-dequantize ``x`` with :meth:`calculate_qparams` (``lowbit_fake_quantize``; ``x`` must
         fit the statistics' shape). Output dtype: ``x``'s floating dtype (float32 for integers)."""
         state = self._state()
-        x = _checked_input(x_orig, self.min_val)
+        x = checked_input(x_orig, self.min_val)
         lowbit_family.check_axis(x, self.spec)
         if state is None:
             raise RuntimeError(f"{type(self).__name__}.fake_quantize needs observed statistics; call the observer on data first")
         lowbit_family.check_fake_quantize_input(x, state, self.spec)
-        return lowbit_fake_quantize(x, lowbit_qparams(state, self.spec, xp=_XP), self.spec, xp=_XP)
+        return lowbit_fake_quantize(x, lowbit_qparams(state, self.spec, xp=TORCH_XP), self.spec, xp=TORCH_XP)
 
     def reset_min_max_vals(self):
         """Empties the buffers (dtype and device kept), as before the first batch."""
@@ -165,7 +165,7 @@ class LowBitObserver(ObserverBase):
         if isinstance(lo, torch.Tensor) and isinstance(hi, torch.Tensor):
             # everything checked before any buffer changes; then buffers of the saved shape and dtype
             owner = type(self).__name__
-            checked = lowbit_family.check_loaded_stats(_check_entry(lo, "min_val", None), _check_entry(hi, "max_val", None), self.spec, owner)
+            checked = lowbit_family.check_loaded_stats(check_entry(lo, "min_val", None), check_entry(hi, "max_val", None), self.spec, owner)
             shape = (0,) if checked is None else checked[0].shape
             dtype = torch.float64 if checked is not None and checked[0].dtype == np.float64 else torch.float32
             for name in ("min_val", "max_val"):

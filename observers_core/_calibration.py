@@ -30,6 +30,7 @@ from array_api_compat import device as _device
 from ._dtypes import QScheme, QuantSpec
 from ._validate import INF, check_bool, check_float, check_int
 from ._namespace import (
+    namespace_of,
     array_namespace,
     bincount,
     check_real,
@@ -90,7 +91,7 @@ def _check_ties(ties: Any) -> str:
     return ties
 
 
-def _work_dtype(xp: Any, device: Any) -> Any:
+def work_dtype(xp: Any, device: Any) -> Any:
     """float64 where the namespace has it on ``device`` (JAX only with x64), else float32."""
     info = xp.__array_namespace_info__()
     try:
@@ -154,7 +155,7 @@ def _prepare(hist: Array, edges: Array, xp: Any, check: bool = True) -> _Hist:
     if check_bool(check, "check"):
         check_hist_values(hist, edges, xp)
     device = _device(hist)
-    dtype = _work_dtype(xp, device)
+    dtype = work_dtype(xp, device)
     channels = math.prod(lead)
     counts = xp.reshape(xp.astype(hist, dtype, copy=False), (channels, bins))
     out_dtype = edges.dtype if xp.isdtype(edges.dtype, "real floating") else dtype
@@ -589,7 +590,7 @@ def _eps_of(dtype: Any, xp: Any) -> float:
     return float(np.finfo(np.float64 if dtype == xp.float64 else np.float32).eps)
 
 
-def _mse_window(spec: QuantSpec) -> tuple[int, int]:
+def mse_window(spec: QuantSpec) -> tuple[int, int]:
     """The levels ``[z, quant_max]`` that non-negative data can reach: the candidates' zero point ``z``
     (for the range ``[0, amax]``: the symmetric zero point, ``quant_min`` when affine, 0 for float
     qparams) up to ``quant_max``."""
@@ -621,7 +622,7 @@ def _mse_search(hist, edges, *, spec, start_bin, stride, check, xp) -> tuple[_Hi
     amax = _take_shared(centers, cand, xp)  # (C, K)
     qp = calculate_qparams(xp.zeros_like(amax), amax, spec, xp=xp)
     scale = xp.astype(qp.scale, h.dtype)
-    low, high = _mse_window(spec)
+    low, high = mse_window(spec)
     norm = error_norm(h_edges, xp)
     levels = high - low + 1
     if h.dtype == xp.float64 and levels <= bins:
@@ -806,6 +807,7 @@ def calib_histogram_init(
     ``dtype`` (float32 by default) is that of the grid and range, and values are binned in it."""
     bins = check_int(bins, "bins", minimum=2)
     shape = () if num_channels is None else (check_int(num_channels, "num_channels", minimum=1),)
+    xp = namespace_of(xp)
     dtype = xp.float32 if dtype is None else dtype
     return CalibHistogram(
         xp.zeros(shape + (bins,), dtype=index_dtype(xp), device=device),

@@ -23,6 +23,7 @@ from ._compiled import counts_kernel, host_scalar, host_view, numpy_views, rebin
 from ._minmax import aminmax
 from ._validate import check_int
 from ._namespace import (
+    namespace_of,
     array_namespace,
     bincount,
     check_real,
@@ -336,6 +337,7 @@ def histogram(x: Array, /, *, bins: int, lo: Any, hi: Any, xp: Any = None) -> Ar
 def histogram_init(*, bins: int, xp: Any, device: Any = None) -> HistogramState:
     """An empty state: ``bins`` zero counts (float32), ``min_val = +inf``, ``max_val = -inf``."""
     bins = check_bins(bins)
+    xp = namespace_of(xp)
     return HistogramState(
         xp.zeros((bins,), dtype=xp.float32, device=device),
         xp.asarray(INF, dtype=xp.float32, device=device),

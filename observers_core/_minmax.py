@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from ._dtypes import QuantSpec
 from ._namespace import (
+    namespace_of,
     array_namespace,
     check_real,
     device_of,
@@ -60,6 +61,8 @@ def aminmax(
     """
     xp = array_namespace(x, xp=xp)
     check_real(x, xp)
+    if size(x) == 0:  # the same error on every backend (torch raises RuntimeError, numpy ValueError)
+        raise ValueError(f"x must not be empty, got shape {tuple(x.shape)}")
     return _aminmax(x, None if axis is None else normalize_axis(axis, x.ndim), ignore_nonfinite, xp)
 
 
@@ -113,6 +116,7 @@ def minmax_init(
     *, num_channels: int | None = None, dtype: Any = None, device: Any = None, xp: Any
 ) -> MinMaxState:
     """An empty state: ``+inf``/``-inf``, 0-d, or ``(num_channels,)`` per channel (float32 by default)."""
+    xp = namespace_of(xp)
     shape = () if num_channels is None else (int(num_channels),)
     dtype = xp.float32 if dtype is None else dtype
     return MinMaxState(

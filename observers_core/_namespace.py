@@ -18,6 +18,7 @@ from array_api_compat import (
 
 __all__ = [
     "array_namespace",
+    "namespace_of",
     "bincount",
     "device_of",
     "size",
@@ -40,10 +41,39 @@ Array = Any
 
 
 def array_namespace(*arrays: Array, xp: Any = None) -> Any:
-    """The array-API namespace of ``arrays`` (``xp`` wins when given)."""
+    """The array-API namespace of ``arrays`` (``xp`` wins when given, through :func:`namespace_of`)."""
     if xp is not None:
-        return xp
+        return namespace_of(xp)
     return array_api_compat.array_namespace(*arrays)
+
+
+_NAMESPACES: dict[Any, Any] = {}
+
+
+def namespace_of(xp: Any) -> Any:
+    """``xp`` as the namespace ``array_api_compat.array_namespace`` gives for its arrays: the
+    array-API namespaces (``array_api_compat.*``, ``jax.numpy``, ``array_api_strict``) as they are, a
+    framework module (``numpy``, ``torch``, ``cupy``) as its array-api-compat wrapper; ``TypeError``
+    naming ``xp`` otherwise. Resolved once per module."""
+    try:
+        return _NAMESPACES[xp]
+    except (KeyError, TypeError):
+        pass
+    if getattr(xp, "__name__", "").startswith(("array_api_compat.", "array_api_strict", "jax.numpy")):
+        resolved = xp
+    else:
+        try:
+            resolved = array_api_compat.array_namespace(xp.asarray(0))
+        except (AttributeError, TypeError) as err:
+            raise TypeError(
+                f"xp={xp!r} is not an array namespace; allowed: numpy, torch, jax.numpy, cupy, array_api_strict "
+                "or their array_api_compat namespaces"
+            ) from err
+    try:
+        _NAMESPACES[xp] = resolved
+    except TypeError:  # unhashable: resolve each time
+        pass
+    return resolved
 
 
 def size(x: Array) -> int:

@@ -134,8 +134,10 @@ def test_qparams_are_bit_exact_over_many_channels():
 
 
 def test_update_is_traced_once_per_shape_and_dtype(monkeypatch):
-    counter = TraceCounter(jobs._update_body)
-    monkeypatch.setattr(jobs, "_update_body", counter)
+    from observers_core.adapters import _jax_minmax
+
+    counter = TraceCounter(_jax_minmax._update_body)
+    monkeypatch.setattr(_jax_minmax, "_update_body", counter)
     # a configuration (averaging constant) no other test uses, so that nothing is cached yet
     obs = jobs.MovingAveragePerChannelMinMaxObserver(averaging_constant=0.123456789, ch_axis=1)
     rng = np.random.default_rng(0)
@@ -157,8 +159,10 @@ def test_update_is_traced_once_per_shape_and_dtype(monkeypatch):
 
 
 def test_calculate_qparams_is_jitted_and_traced_once(monkeypatch):
-    counter = TraceCounter(jobs._qparams_body)
-    monkeypatch.setattr(jobs, "_qparams_body", counter)
+    from observers_core.adapters import _jax_minmax
+
+    counter = TraceCounter(_jax_minmax._qparams_body)
+    monkeypatch.setattr(_jax_minmax, "_qparams_body", counter)
     obs = jobs.MinMaxObserver(dtype="qint8", quant_min=-37, quant_max=41)  # an unused spec
     obs(jnp.arange(5.0))
     first = obs.calculate_qparams()

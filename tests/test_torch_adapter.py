@@ -50,7 +50,9 @@ def test_classes_and_presets_cover_torch():
         assert issubclass(cls, tobs.ObserverBase), name
         assert cls is not getattr(tobs, name), name
     assert {"get_observer_state_dict", "load_observer_state_dict"} <= set(ours.__all__)
-    assert set(ours._TORCH_DTYPES) == set(__import__("observers_core").QUANT_DTYPES)
+    from observers_core.adapters import _torch_minmax
+
+    assert set(_torch_minmax._TORCH_DTYPES) == set(__import__("observers_core").QUANT_DTYPES)
 
 
 @pytest.mark.parametrize("name", sorted(

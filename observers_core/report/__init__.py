@@ -161,7 +161,7 @@ def report_tensors(
 
 def _row(name: str, host: np.ndarray, x: Any, seen: list[Any], case: Case, xp: Any, group_size: int,
          nonfinite: int) -> Row:
-    from ._methods import _np
+    from ._methods import host_numpy
 
     base = dict(tensor=name, shape=list(host.shape), format=case.format, granularity=case.granularity,
                 method=case.method, nonfinite=nonfinite)
@@ -172,7 +172,7 @@ def _row(name: str, host: np.ndarray, x: Any, seen: list[Any], case: Case, xp: A
         msg = msg if isinstance(err, ValueError) else f"{type(err).__name__}: {msg}"
         return Row(**base, range_min=[], range_max=[], scale=[], zero_point=None, exponent=None, mse=math.nan,
                    sqnr_db=math.nan, clipped=math.nan, seconds=math.nan, error=msg)
-    mse, sqnr, clipped = errors(host, _np(c.fq), _np(c.saturation), None if c.step is None else _np(c.step))
+    mse, sqnr, clipped = errors(host, host_numpy(c.fq), host_numpy(c.saturation), None if c.step is None else host_numpy(c.step))
     note = c.note
     if nonfinite and not np.all(np.isfinite(c.scale)):
         note = (note + "; " if note else "") + "non-finite qparams: this observer does not skip NaN/Inf"

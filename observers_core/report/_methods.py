@@ -94,7 +94,7 @@ def cases_for(shape: tuple[int, ...], formats: tuple[str, ...], granularities: t
     return cases, skipped
 
 
-def _np(a: Any) -> np.ndarray:
+def host_numpy(a: Any) -> np.ndarray:
     """A backend array as numpy (torch, cupy, jax, numpy)."""
     if hasattr(a, "detach"):
         a = a.detach().cpu()
@@ -141,7 +141,7 @@ def _uniform(case: Case, batches: list[Any], xp: Any) -> tuple[Any, Any, Any, An
         state = oc.histogram_init(bins=HISTOGRAM_BINS, xp=xp)
         for b in batches:
             state = oc.histogram_update(state, b, xp=xp)
-        if bool(np.isnan(_np(state.min_val))):
+        if bool(np.isnan(host_numpy(state.min_val))):
             raise ValueError("NaN in the input: torch's HistogramObserver raises (ignore_nonfinite=True skips it)")
         q = oc.histogram_qparams(state, spec, xp=xp)
         zpf = xp.astype(q.zero_point, q.scale.dtype)
@@ -156,7 +156,7 @@ def _uniform(case: Case, batches: list[Any], xp: Any) -> tuple[Any, Any, Any, An
     if case.method == "mix" and obs.last_choice is not None:
         from observers_core.adapters._array_calibration import MIX_CANDIDATES
 
-        picks = _np(obs.last_choice).reshape(-1)
+        picks = host_numpy(obs.last_choice).reshape(-1)
         note = "mix: " + ",".join(sorted({MIX_CANDIDATES[int(i)] for i in picks}))
     return obs.min_val, obs.max_val, q.scale, q.zero_point, note
 
@@ -170,7 +170,7 @@ def calibrate(case: Case, batches: list[Any], x: Any, xp: Any, group_size: int) 
     if case.format in UNIFORM_FORMATS and case.granularity != "per_group":
         lo, hi, scale, zp, note = _uniform(case, batches, xp)
         spec = quant_spec_of(case.format, case.granularity)
-        result = [_np(lo), _np(hi), _np(scale), _np(zp)]  # to host: the backend's work is done
+        result = [host_numpy(lo), host_numpy(hi), host_numpy(scale), host_numpy(zp)]  # to host: the backend's work is done
         seconds = time.perf_counter() - start
         kw = dict(quant_min=spec.quant_min, quant_max=spec.quant_max, axis=axis, xp=xp)
         fq = oc.fake_quantize(x, scale, zp, **kw)
@@ -189,9 +189,9 @@ def calibrate(case: Case, batches: list[Any], x: Any, xp: Any, group_size: int) 
     for b in batches[1:]:
         state = oc.minmax_merge(state, oc.lowbit_stats(b, spec, xp=xp), xp=xp)
     q = oc.lowbit_qparams(state, spec, xp=xp)
-    exponent = _np(q.exponent) if isinstance(q, oc.BlockScale) else None
-    zp = None if isinstance(q, oc.BlockScale) else _np(q.zero_point)
-    lo, hi, scale = _np(state.min_val), _np(state.max_val), _np(q.scale)
+    exponent = host_numpy(q.exponent) if isinstance(q, oc.BlockScale) else None
+    zp = None if isinstance(q, oc.BlockScale) else host_numpy(q.zero_point)
+    lo, hi, scale = host_numpy(state.min_val), host_numpy(state.max_val), host_numpy(q.scale)
     seconds = time.perf_counter() - start
     fq = oc.lowbit_fake_quantize(x, q, spec, xp=xp)
     sat = oc.lowbit_fake_quantize(big, q, spec, xp=xp)

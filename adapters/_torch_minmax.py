@@ -1,0 +1,806 @@
+"""The min/max family of the torch adapter, and the torch-specific pieces the other families build on
+(imported by :mod:`observers_core.adapters.torch`, which is the public module)."""
+
+from __future__ import annotations
+
+import types
+import warnings
+from collections import OrderedDict
+from typing import Any
+
+import array_api_compat.torch as _compat_torch
+import numpy as np
+import torch
+from torch.ao.quantization import observer as _torch_observer
+
+from .. import (
+    MinMaxState,
+    QScheme,
+    QuantSpec,
+    calculate_qparams,
+    minmax_init,
+    minmax_update,
+    moving_average_update,
+    quant_spec,
+    validate_qmin_qmax,
+)
+from .._dtypes import parse_dtype
+from .._namespace import normalize_axis
+from .._validate import check_averaging_constant, check_bool
+from ._array_observers import check_minmax_entries, host_array
+
+__all__ = [
+    "ObserverBase",
+    "UniformQuantizationObserverBase",
+    "MinMaxObserver",
+    "MovingAverageMinMaxObserver",
+    "PerChannelMinMaxObserver",
+    "MovingAveragePerChannelMinMaxObserver",
+    "FixedQParamsObserver",
+    "PlaceholderObserver",
+    "RecordingObserver",
+    "NoopObserver",
+    "ReuseInputObserver",
+    "default_observer",
+    "default_placeholder_observer",
+    "default_debug_observer",
+    "default_weight_observer",
+    "weight_observer_range_neg_127_to_127",
+    "default_per_channel_weight_observer",
+    "per_channel_weight_observer_range_neg_127_to_127",
+    "default_dynamic_quant_observer",
+    "default_float_qparams_observer",
+    "default_float_qparams_observer_4bit",
+    "default_fixed_qparams_range_neg1to1_observer",
+    "default_fixed_qparams_range_0to1_observer",
+    "default_symmetric_fixed_qparams_observer",
+    "default_affine_fixed_qparams_observer",
+    "default_reuse_input_observer",
+    "get_observer_state_dict",
+    "load_observer_state_dict",
+    "to_core_dtype",
+    "to_core_qscheme",
+]
+
+#: torch's observer base (re-exported): ``with_args``/``with_callable_args`` come from it.
+ObserverBase = _torch_observer.ObserverBase
+
+
+def _make_namespace() -> types.ModuleType:
+    """The array-API namespace handed to the core: ``array_api_compat.torch``, built once, with its
+    ``minimum``/``maximum``/``where`` wrappers replaced by the torch functions they wrap.
+
+    The wrappers only adjust type promotion when the operands' dtypes differ, and cost several
+    microseconds per call (a third of a 4k-element update). The core's calls made from here have
+    operands of one dtype (the batch range is cast to the buffer dtype first), except for the float32
+    0-d ``eps`` against float32/float64 scales in ``calculate_qparams``, where torch's promotion and
+    the array API's agree (float64 wins). The parity tests cover both buffer dtypes.
+    """
+    xp = types.ModuleType(_compat_torch.__name__, _compat_torch.__doc__)
+    xp.__dict__.update(vars(_compat_torch))
+    xp.minimum, xp.maximum, xp.where = torch.minimum, torch.maximum, torch.where
+    return xp
+
+
+TORCH_XP = _make_namespace()
+
+_FLOAT32_EPS = torch.finfo(torch.float32).eps
+_INF = float("inf")
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    "qint8": torch.qint8,
+    "quint8": torch.quint8,
+    "quint4x2": torch.quint4x2,
+    "qint32": torch.qint32,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int16": torch.int16,
+    "uint16": torch.uint16,
+    "int32": torch.int32,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+_DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in _TORCH_DTYPES.items()}
+
+_TORCH_QSCHEMES: dict[QScheme, torch.qscheme] = {
+    QScheme.PER_TENSOR_AFFINE: torch.per_tensor_affine,
+    QScheme.PER_TENSOR_SYMMETRIC: torch.per_tensor_symmetric,
+    QScheme.PER_CHANNEL_AFFINE: torch.per_channel_affine,
+    QScheme.PER_CHANNEL_SYMMETRIC: torch.per_channel_symmetric,
+    QScheme.PER_CHANNEL_AFFINE_FLOAT_QPARAMS: torch.per_channel_affine_float_qparams,
+}
+_QSCHEMES: dict[torch.qscheme, QScheme] = {v: k for k, v in _TORCH_QSCHEMES.items()}
+
+# Input dtypes reduced as they are (the cast to the buffer dtype comes after the reduction, which is
+# exact because rounding is monotone); any other real dtype is cast first, as torch does.
+_NATIVE_INPUT_DTYPES = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.bfloat16,
+     torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64}
+)
+
+_UNINITIALIZED_WARNING = "must run observer before calling calculate_qparams. Returning default values."
+
+
+def to_core_dtype(dtype: Any, *, name: str = "dtype") -> str:
+    """The core's name of a quantized dtype: ``torch.qint8`` -> ``"qint8"``; names pass through."""
+    if isinstance(dtype, torch.dtype):
+        if dtype in _DTYPE_NAMES:
+            return _DTYPE_NAMES[dtype]
+        raise ValueError(
+            f"{name}={dtype} is not a supported quantized dtype; allowed: "
+            + ", ".join(str(d) for d in _TORCH_DTYPES.values())
+            + " (or their names)"
+        )
+    return parse_dtype(dtype, name=name)
+
+
+def to_core_qscheme(qscheme: Any, *, name: str = "qscheme") -> QScheme:
+    """The core's :class:`QScheme` of ``torch.per_tensor_affine`` etc.; names and members pass through."""
+    if isinstance(qscheme, torch.qscheme):
+        return _QSCHEMES[qscheme]
+    return QScheme.parse(qscheme, name=name)
+
+
+
+def checked_input(x_orig: Any, buffer: torch.Tensor) -> torch.Tensor:
+    """``x_orig`` detached, after the checks that keep ``buffer`` valid (nothing is modified):
+    a real dtype (other than the natively reduced ones: cast to the buffer dtype, as torch does)
+    on the buffer's device."""
+    if not isinstance(x_orig, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x_orig).__name__}")
+    x = x_orig.detach()
+    if x.device != buffer.device:
+        raise ValueError(
+            f"x is on device {x.device} but the observer's buffers are on {buffer.device}; "
+            "move the observer with .to(device)"
+        )
+    if x.dtype not in _NATIVE_INPUT_DTYPES:
+        if x.dtype == torch.bool or x.dtype.is_complex or x.is_quantized:
+            raise TypeError(f"x must hold real floating or integer values, got dtype {x.dtype}")
+        x = x.to(buffer.dtype)
+    return x
+
+
+class UniformQuantizationObserverBase(ObserverBase):
+    r"""Common base of the observers that compute an affine/symmetric scale and zero point.
+
+    Holds the configuration (``dtype``, ``qscheme``, ``reduce_range``, ``quant_min``/``quant_max``
+    resolved exactly as torch does, the ``eps`` buffer) and the shared pieces every subclass
+    (MinMax, MovingAverage, PerChannel, and later Histogram) reuses: input checks, the state_dict
+    versioning and :meth:`_calculate_qparams`, which calls the core's
+    ``calculate_qparams``: affine ``s = max((max(x_max, 0) - min(x_min, 0)) / (Q_max - Q_min), eps)``,
+    ``z = clamp(Q_min - round(min(x_min, 0) / s), Q_min, Q_max)``; symmetric
+    ``s = max(max(-min(x_min, 0), max(x_max, 0)) / ((Q_max - Q_min) / 2), eps)``.
+
+    ``dtype`` and ``qscheme`` take torch's objects (``torch.qint8``, ``torch.per_tensor_affine``) or
+    the core's names (``"qint8"``, ``"per_tensor_affine"``, :class:`~observers_core.QScheme`); the
+    attributes always hold torch's objects, as torch's tooling expects.
+    """
+
+    # Version 1/None: no ``eps`` buffer. Version 2: ``eps``. Version 3: per-channel buffers renamed
+    # ``min_vals``/``max_vals`` -> ``min_val``/``max_val`` (and histogram's uninitialised shape).
+    _version = 3
+
+    eps: torch.Tensor
+
+    def __init__(
+        self,
+        dtype=torch.quint8,
+        qscheme=torch.per_tensor_affine,
+        reduce_range=False,
+        quant_min=None,
+        quant_max=None,
+        factory_kwargs=None,
+        eps=_FLOAT32_EPS,
+        is_dynamic=False,
+        *,
+        ignore_nonfinite=False,
+        **kwargs,
+    ) -> None:
+        spec = quant_spec(
+            to_core_dtype(dtype),
+            to_core_qscheme(qscheme),
+            reduce_range=reduce_range,
+            quant_min=quant_min,
+            quant_max=quant_max,
+            eps=eps,
+        )
+        ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
+        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
+        super().__init__(dtype=_TORCH_DTYPES[spec.dtype], is_dynamic=is_dynamic, **kwargs)
+        self.qscheme = _TORCH_QSCHEMES[spec.qscheme]
+        if reduce_range:
+            warnings.warn(
+                "Please use quant_min and quant_max to specify the range for observers. \
+                    reduce_range will be deprecated in a future release of PyTorch.",
+                stacklevel=2,
+            )
+        self.reduce_range = reduce_range
+        self.register_buffer("eps", torch.tensor([eps], **factory_kwargs))
+        self.has_customized_qrange = spec.has_customized_qrange
+        self.quant_min, self.quant_max = spec.quant_min, spec.quant_max
+        self.ignore_nonfinite = ignore_nonfinite
+
+    def __setstate__(self, state):
+        # Pickles written before ``ignore_nonfinite`` existed get the default.
+        super().__setstate__(state)
+        self.__dict__.setdefault("ignore_nonfinite", False)
+
+    # -- shared helpers ---------------------------------------------------------------------------
+
+    def _quant_spec(self) -> QuantSpec:
+        """The core's spec from the current attributes and the ``eps`` buffer (torch reads them at
+        call time too, so later changes to ``quant_min`` etc. are honoured)."""
+        return QuantSpec(
+            to_core_dtype(self.dtype),
+            to_core_qscheme(self.qscheme),
+            int(self.quant_min),
+            int(self.quant_max),
+            bool(self.has_customized_qrange),
+            float(self.eps.reshape(-1)[0]),
+        )
+
+    def _calculate_qparams(self, min_val: torch.Tensor, max_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scale and zero point of ``[min_val, max_val]`` (core ``calculate_qparams``), with torch's
+        host-side checks: nothing observed -> warning and ``(tensor([1.]), tensor([0]))``;
+        ``min_val > max_val`` -> ``ValueError``."""
+        if min_val.numel() == 0 or max_val.numel() == 0:
+            return self._default_qparams(min_val)
+        unseen = (min_val == _INF) & (max_val == -_INF)
+        if (min_val.dim() == 0 or max_val.dim() == 0) and bool(unseen.all()):
+            return self._default_qparams(min_val)
+        if bool(((min_val > max_val) & ~unseen).any()):
+            raise ValueError(f"min_val={min_val} must be less than or equal to max_val={max_val}")
+        if bool(unseen.any()):
+            warnings.warn(
+                "some channels have seen no finite value; they get scale 1 and zero point 0", stacklevel=3
+            )
+        scale, zero_point = calculate_qparams(min_val, max_val, self._quant_spec(), xp=TORCH_XP)
+        return scale, zero_point
+
+    @staticmethod
+    def _default_qparams(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        warnings.warn(_UNINITIALIZED_WARNING, stacklevel=4)
+        device = like.device.type
+        return torch.tensor([1.0], device=device), torch.tensor([0], device=device)
+
+    def _validate_qmin_qmax(self, quant_min: int, quant_max: int) -> None:
+        """``ValueError`` unless ``quant_min <= 0 <= quant_max`` and ``quant_min < quant_max``."""
+        validate_qmin_qmax(quant_min, quant_max)
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        version = local_metadata.get("version", None)
+        if (version is None or version == 1) and prefix + "eps" not in state_dict:
+            # eps became a buffer in version 2
+            state_dict[prefix + "eps"] = torch.tensor([_FLOAT32_EPS])
+        self._check_loaded(state_dict, prefix)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def _check_loaded(self, state_dict, prefix) -> None:
+        """Before anything is loaded: entries of another framework (numpy, JAX, CuPy, array_api_strict)
+        become tensors, and ``eps``/``min_val``/``max_val`` pass the checks every adapter applies
+        (:func:`~observers_core.adapters._array_observers.check_minmax_entries`); ``ValueError``/``TypeError``
+        otherwise, with the buffers untouched."""
+        keys = [prefix + name for name in ("eps", "min_val", "max_val")]
+        for key in keys:
+            if key in state_dict and not isinstance(state_dict[key], torch.Tensor):
+                state_dict[key] = torch.as_tensor(host_array(state_dict[key], key.removeprefix(prefix)))
+        if all(key in state_dict for key in keys):
+            check_minmax_entries(
+                *(state_dict[key] for key in keys), per_channel=self.min_val.ndim == 1, owner=type(self).__name__
+            )
+
+    def _repr_suffix(self) -> str:
+        return ", ignore_nonfinite=True" if self.ignore_nonfinite else ""
+
+    def reset_min_max_vals(self):
+        raise NotImplementedError("Cannot reset min/max values in the given observer.")
+
+
+# torch's former name, kept there for backwards compatibility
+_ObserverBase = UniformQuantizationObserverBase
+
+
+
+
+def _check_symmetric_reduce_range(observer: UniformQuantizationObserverBase) -> None:
+    if observer.qscheme in (torch.per_tensor_symmetric, torch.per_channel_symmetric) and observer.reduce_range \
+            and observer.dtype == torch.quint8:
+        raise NotImplementedError("Cannot reduce range for symmetric quantization for quint8")
+
+
+class MinMaxObserver(UniformQuantizationObserverBase):
+    r"""Running min/max of everything observed (per tensor):
+    ``x_min = min(x_min, min(X))``, ``x_max = max(x_max, max(X))``; qparams as in the base class.
+
+    Same arguments as ``torch.ao.quantization.MinMaxObserver`` plus ``ignore_nonfinite`` (skip
+    NaN/Inf; default ``False`` keeps torch's behaviour, where a NaN poisons min/max).
+    """
+
+    min_val: torch.Tensor
+    max_val: torch.Tensor
+
+    def __init__(
+        self,
+        dtype=torch.quint8,
+        qscheme=torch.per_tensor_affine,
+        reduce_range=False,
+        quant_min=None,
+        quant_max=None,
+        factory_kwargs=None,
+        eps=_FLOAT32_EPS,
+        is_dynamic=False,
+        *,
+        ignore_nonfinite=False,
+        **kwargs,
+    ) -> None:
+        if not to_core_qscheme(qscheme).is_per_tensor:
+            raise NotImplementedError(
+                f"{type(self).__name__}'s qscheme only supports torch.per_tensor_symmetric and "
+                f"torch.per_tensor_affine, got {qscheme}"
+            )
+        super().__init__(
+            dtype=dtype,
+            qscheme=qscheme,
+            reduce_range=reduce_range,
+            quant_min=quant_min,
+            quant_max=quant_max,
+            factory_kwargs=factory_kwargs,
+            eps=eps,
+            is_dynamic=is_dynamic,
+            ignore_nonfinite=ignore_nonfinite,
+            **kwargs,
+        )
+        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
+        self.register_buffer("min_val", torch.tensor(_INF, **factory_kwargs))
+        self.register_buffer("max_val", torch.tensor(-_INF, **factory_kwargs))
+        _check_symmetric_reduce_range(self)
+
+    def _update(self, state: MinMaxState, x: torch.Tensor) -> MinMaxState:
+        return minmax_update(state, x, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP)
+
+    def forward(self, x_orig):
+        r"""Records the running minimum and maximum of ``x``; returns ``x`` itself."""
+        buffers = self._buffers  # one dict lookup instead of nn.Module.__getattr__ per access
+        min_val, max_val = buffers["min_val"], buffers["max_val"]
+        x = checked_input(x_orig, min_val)
+        if x.numel() == 0:
+            return x_orig
+        new = self._update(MinMaxState(min_val, max_val), x)
+        min_val.copy_(new.min_val)
+        max_val.copy_(new.max_val)
+        return x_orig
+
+    def calculate_qparams(self):  # type: ignore[override]
+        r"""Scale and zero point of the observed range."""
+        return self._calculate_qparams(self.min_val, self.max_val)
+
+    def extra_repr(self):
+        return f"min_val={self.min_val}, max_val={self.max_val}" + self._repr_suffix()
+
+    def reset_min_max_vals(self):
+        """Resets the min/max values to "nothing observed" (``inf``/``-inf``)."""
+        self.min_val.fill_(_INF)
+        self.max_val.fill_(-_INF)
+
+
+class MovingAverageMinMaxObserver(MinMaxObserver):
+    r"""Moving average of each batch's min/max (per tensor): the first batch sets the range, then
+    ``x_min = x_min + c * (min(X) - x_min)`` and ``x_max = x_max + c * (max(X) - x_max)`` with
+    ``c = averaging_constant`` in ``[0, 1]``.
+    """
+
+    def __init__(
+        self,
+        averaging_constant=0.01,
+        dtype=torch.quint8,
+        qscheme=torch.per_tensor_affine,
+        reduce_range=False,
+        quant_min=None,
+        quant_max=None,
+        eps=_FLOAT32_EPS,
+        is_dynamic=False,
+        *,
+        ignore_nonfinite=False,
+        **kwargs,
+    ) -> None:
+        if not to_core_qscheme(qscheme).is_per_tensor:
+            raise NotImplementedError(
+                f"MovingAverageMinMaxObserver's qscheme only supports torch.per_tensor_symmetric and "
+                f"torch.per_tensor_affine, got {qscheme}"
+            )
+        if is_dynamic and check_averaging_constant(averaging_constant) != 1:
+            raise NotImplementedError(
+                f"MovingAverageMinMaxObserver doesn't support dynamic quantization for averaging constant "
+                f"of {averaging_constant}"
+            )
+        check_averaging_constant(averaging_constant)
+        super().__init__(
+            dtype=dtype,
+            qscheme=qscheme,
+            reduce_range=reduce_range,
+            quant_min=quant_min,
+            quant_max=quant_max,
+            eps=eps,
+            is_dynamic=is_dynamic,
+            ignore_nonfinite=ignore_nonfinite,
+            **kwargs,
+        )
+        self.averaging_constant = averaging_constant
+
+    def _update(self, state: MinMaxState, x: torch.Tensor) -> MinMaxState:
+        return moving_average_update(
+            state, x, averaging_constant=self.averaging_constant, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP
+        )
+
+
+class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
+    r"""Running min/max per channel along ``ch_axis`` (negative counts from the end); the buffers
+    are empty until the first batch fixes the number of channels. Qparams per channel as in the
+    base class, or with ``per_channel_affine_float_qparams``: ``s = (x_max - x_min) / (Q_max - Q_min)``
+    (1 where ``s <= eps``), ``z = -x_min / s``.
+    """
+
+    min_val: torch.Tensor
+    max_val: torch.Tensor
+
+    def __init__(
+        self,
+        ch_axis=0,
+        dtype=torch.quint8,
+        qscheme=torch.per_channel_affine,
+        reduce_range=False,
+        quant_min=None,
+        quant_max=None,
+        factory_kwargs=None,
+        eps=_FLOAT32_EPS,
+        is_dynamic=False,
+        *,
+        ignore_nonfinite=False,
+        **kwargs,
+    ) -> None:
+        if not to_core_qscheme(qscheme).is_per_channel:
+            raise NotImplementedError(
+                f"{type(self).__name__}'s qscheme only supports torch.per_channel_symmetric, "
+                f"torch.per_channel_affine and torch.per_channel_affine_float_qparams, got {qscheme}"
+            )
+        if is_dynamic:
+            raise NotImplementedError(f"{type(self).__name__} doesn't support dynamic quantization")
+        if isinstance(ch_axis, bool) or not isinstance(ch_axis, (int, np.integer)):
+            raise TypeError(f"ch_axis must be an int, got {type(ch_axis).__name__} {ch_axis!r}")
+        super().__init__(
+            dtype=dtype,
+            qscheme=qscheme,
+            reduce_range=reduce_range,
+            quant_min=quant_min,
+            quant_max=quant_max,
+            factory_kwargs=factory_kwargs,
+            eps=eps,
+            is_dynamic=is_dynamic,
+            ignore_nonfinite=ignore_nonfinite,
+            **kwargs,
+        )
+        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
+        self.ch_axis = int(ch_axis)
+        self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
+        self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
+        _check_symmetric_reduce_range(self)
+
+    def _update(self, state: MinMaxState, x: torch.Tensor, axis: int) -> MinMaxState:
+        return minmax_update(state, x, axis=axis, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP)
+
+    def forward(self, x_orig):
+        r"""Records the running per-channel minimum and maximum of ``x``; returns ``x`` itself."""
+        return self._forward(x_orig)
+
+    def _forward(self, x_orig):
+        buffers = self._buffers
+        min_val, max_val = buffers["min_val"], buffers["max_val"]
+        x = checked_input(x_orig, min_val)
+        if x.numel() == 0:
+            return x_orig
+        axis = normalize_axis(self.ch_axis, x.ndim, name="ch_axis")
+        channels = x.shape[axis]
+        if axis != 0:
+            # Channels first by swapping the two axes, as torch does, so that the reduction visits the
+            # elements in torch's order (which of -0.0 and 0.0 is the minimum depends on it).
+            dims = list(range(x.ndim))
+            dims[0], dims[axis] = axis, 0
+            x = x.permute(dims)
+            axis = 0
+        if min_val.numel() == 0 or max_val.numel() == 0:
+            state = minmax_init(num_channels=channels, dtype=min_val.dtype, device=min_val.device, xp=TORCH_XP)
+        elif min_val.shape != (channels,) or max_val.shape != (channels,):
+            raise ValueError(
+                f"x has {channels} channels along ch_axis={self.ch_axis} but the observer holds "
+                f"{tuple(min_val.shape)} min/max values; call reset_min_max_vals() to start over"
+            )
+        else:
+            state = MinMaxState(min_val, max_val)
+        new = self._update(state, x, axis)
+        if min_val.shape != new.min_val.shape:
+            min_val.resize_(new.min_val.shape)
+            max_val.resize_(new.max_val.shape)
+        min_val.copy_(new.min_val)
+        max_val.copy_(new.max_val)
+        return x_orig
+
+    def calculate_qparams(self):  # type: ignore[override]
+        r"""Per-channel scales and zero points of the observed ranges."""
+        return self._calculate_qparams(self.min_val, self.max_val)
+
+    def extra_repr(self):
+        return f"min_val={self.min_val}, max_val={self.max_val}" + self._repr_suffix()
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        version = local_metadata.get("version")
+        if version is not None and version < 3:
+            # Before version 3 the buffers were called min_vals/max_vals.
+            for old, new in (("min_vals", "min_val"), ("max_vals", "max_val")):
+                if prefix + old in state_dict:
+                    state_dict[prefix + new] = state_dict.pop(prefix + old)
+        self._check_loaded(state_dict, prefix)
+        # Loading N values into an uninitialised (size 0) buffer, or another N: resize first.
+        for name in ("min_val", "max_val"):
+            value = state_dict.get(prefix + name)
+            if isinstance(value, torch.Tensor) and getattr(self, name).shape != value.shape:
+                getattr(self, name).resize_(value.shape)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def _load_from_state_dict_script(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        self._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
+    def reset_min_max_vals(self):
+        """Empties the per-channel buffers (dtype and device kept), as before the first batch."""
+        self.min_val = torch.empty(0, dtype=self.min_val.dtype, device=self.min_val.device)
+        self.max_val = torch.empty(0, dtype=self.max_val.dtype, device=self.max_val.device)
+
+
+class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
+    r"""Moving average of each batch's per-channel min/max: the first batch sets the ranges, then
+    ``x_min = x_min + c * (min(X) - x_min)`` per channel (same for max), ``c = averaging_constant``.
+    """
+
+    def __init__(
+        self,
+        averaging_constant=0.01,
+        ch_axis=0,
+        dtype=torch.quint8,
+        qscheme=torch.per_channel_affine,
+        reduce_range=False,
+        quant_min=None,
+        quant_max=None,
+        eps=_FLOAT32_EPS,
+        is_dynamic=False,
+        *,
+        ignore_nonfinite=False,
+        **kwargs,
+    ) -> None:
+        if not to_core_qscheme(qscheme).is_per_channel:
+            raise NotImplementedError(
+                "MovingAveragePerChannelMinMaxObserver's qscheme only supports torch.per_channel_symmetric, "
+                f"torch.per_channel_affine and torch.per_channel_affine_float_qparams, got {qscheme}"
+            )
+        if is_dynamic:
+            raise NotImplementedError("MovingAveragePerChannelMinMaxObserver doesn't support dynamic quantization")
+        check_averaging_constant(averaging_constant)
+        super().__init__(
+            ch_axis=ch_axis,
+            dtype=dtype,
+            qscheme=qscheme,
+            reduce_range=reduce_range,
+            quant_min=quant_min,
+            quant_max=quant_max,
+            eps=eps,
+            is_dynamic=is_dynamic,
+            ignore_nonfinite=ignore_nonfinite,
+            **kwargs,
+        )
+        self.averaging_constant = averaging_constant
+
+    def _update(self, state: MinMaxState, x: torch.Tensor, axis: int) -> MinMaxState:
+        return moving_average_update(
+            state,
+            x,
+            averaging_constant=self.averaging_constant,
+            axis=axis,
+            ignore_nonfinite=self.ignore_nonfinite,
+            xp=TORCH_XP,
+        )
+
+
+# ``HistogramObserver(UniformQuantizationObserverBase)`` (module ``_torch_histogram``, re-exported at the
+# end of this file) builds on the base above: ``checked_input``, ``_calculate_qparams`` (on the searched
+# range), ``_load_from_state_dict`` (plus its own version < 3 handling of the size-0 min/max buffers) and
+# ``_repr_suffix``; ``default_histogram_observer`` goes with it.
+
+
+# -- observers without statistics ----------------------------------------------------------------
+# These subclass torch's own classes, so torch's ``isinstance`` checks (``get_qparam_dict`` for
+# placeholders, ``_is_reuse_input_qconfig``) recognise them too.
+
+
+class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
+    r"""Returns the fixed ``(scale, zero_point)`` it was built with; ``forward`` only passes ``x`` on.
+
+    Checked: ``scale`` is a positive finite float, ``zero_point`` an int in ``[quant_min, quant_max]``,
+    ``dtype``/``qscheme`` known and per tensor. (torch's ``FixedQParamsFakeQuantize`` insists on torch's
+    exact class; use torch's ``FixedQParamsObserver`` there.)
+    """
+
+    def __init__(
+        self,
+        scale,
+        zero_point,
+        dtype=torch.quint8,
+        qscheme=torch.per_tensor_affine,
+        quant_min=0,
+        quant_max=255,
+        is_dynamic=False,
+        **kwargs,
+    ):
+        dtype = _TORCH_DTYPES[to_core_dtype(dtype)]
+        scheme = to_core_qscheme(qscheme)
+        if not scheme.is_per_tensor:
+            raise ValueError(f"qscheme={qscheme} must be per tensor for a FixedQParamsObserver")
+        validate_qmin_qmax(quant_min, quant_max)
+        try:
+            scale_value = float(scale)
+        except (TypeError, ValueError):
+            raise TypeError(f"scale must be a float, got {type(scale).__name__} {scale!r}") from None
+        if not (scale_value > 0 and scale_value != _INF):
+            raise ValueError(f"scale={scale!r} must be a positive finite float")
+        if isinstance(zero_point, bool) or not isinstance(zero_point, (int, np.integer)):
+            raise TypeError(f"zero_point must be an int, got {type(zero_point).__name__} {zero_point!r}")
+        if not quant_min <= zero_point <= quant_max:
+            raise ValueError(f"zero_point={zero_point} must lie in [quant_min={quant_min}, quant_max={quant_max}]")
+        super().__init__(
+            scale,
+            zero_point,
+            dtype=dtype,
+            qscheme=_TORCH_QSCHEMES[scheme],
+            quant_min=quant_min,
+            quant_max=quant_max,
+            is_dynamic=is_dynamic,
+            **kwargs,
+        )
+
+
+class PlaceholderObserver(_torch_observer.PlaceholderObserver):
+    r"""Observes nothing; carries ``dtype``/``is_dynamic`` (e.g. float16 or dynamic quantization) to
+    the quantized module's ``from_float``. ``calculate_qparams`` raises, as in torch."""
+
+
+class RecordingObserver(_torch_observer.RecordingObserver):
+    r"""Debug observer: appends a clone of every observed tensor to ``tensor_val``."""
+
+
+class NoopObserver(_torch_observer.NoopObserver):
+    r"""Observes nothing (float16 quantization); ``calculate_qparams`` raises, as in torch."""
+
+
+class ReuseInputObserver(_torch_observer.ReuseInputObserver):
+    r"""Marks an op (e.g. ``reshape``) that reuses its input's observer (FX graph mode only)."""
+
+
+# -- state dicts ----------------------------------------------------------------------------------
+
+
+def get_observer_state_dict(mod: torch.nn.Module) -> OrderedDict:
+    r"""The observer statistics of ``mod``: the state_dict entries whose key contains
+    ``activation_post_process`` (``observer`` for scripted modules), with the state_dict's version
+    metadata, for our observers and torch's alike."""
+    return _torch_observer.get_observer_state_dict(mod)
+
+
+def load_observer_state_dict(mod: torch.nn.Module, obs_dict: dict) -> None:
+    r"""Loads ``obs_dict`` (from :func:`get_observer_state_dict`) into the observers of ``mod``.
+
+    Unlike torch's function, this one uses the saved version metadata (so a saved ``eps`` is kept),
+    leaves ``obs_dict`` unmodified, and raises ``ValueError`` for missing or unexpected observer keys
+    and for shape errors instead of skipping them. Per-channel buffers are resized as needed.
+    """
+    if isinstance(mod, torch.jit.RecursiveScriptModule):
+        _torch_observer.load_observer_state_dict(mod, obs_dict)
+        return
+    metadata = getattr(obs_dict, "_metadata", None) or {}
+    state = OrderedDict(obs_dict)  # the loaders may add or rename keys
+    missing: list[str] = []
+    unexpected: list[str] = []
+    errors: list[str] = []
+    for name, module in mod.named_modules():
+        if not _torch_observer._is_activation_post_process(module):
+            continue
+        prefix = name + "." if name else ""
+        module._load_from_state_dict(state, prefix, dict(metadata.get(name, {})), True, missing, unexpected, errors)
+
+    def _is_observer_key(key: str) -> bool:
+        return "observer" in key or "activation_post_process" in key
+
+    problems = [f"missing key {k!r}" for k in missing if _is_observer_key(k)]
+    problems += [f"unexpected key {k!r}" for k in unexpected if _is_observer_key(k)]
+    problems += errors
+    if problems:
+        raise ValueError("obs_dict does not fit the observers of mod: " + "; ".join(problems))
+
+
+# -- presets (torch's ``default_*``; ``default_histogram_observer`` comes with HistogramObserver) --
+
+default_observer = MinMaxObserver.with_args(quant_min=0, quant_max=127)
+"""Default observer for static quantization (activations in [0, 127]), usually used for debugging."""
+
+default_placeholder_observer = PlaceholderObserver
+"""Default placeholder observer, usually used for quantization to torch.float16."""
+
+default_debug_observer = RecordingObserver
+"""Default debug-only observer."""
+
+default_weight_observer = MinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)
+"""Default weight observer."""
+
+weight_observer_range_neg_127_to_127 = MinMaxObserver.with_args(
+    dtype=torch.qint8,
+    qscheme=torch.per_tensor_symmetric,
+    quant_min=-127,
+    quant_max=127,
+    eps=2**-12,
+)
+"""Symmetric weight observer with the 8-bit values restricted to [-127, +127], excluding -128."""
+
+default_per_channel_weight_observer = PerChannelMinMaxObserver.with_args(
+    dtype=torch.qint8, qscheme=torch.per_channel_symmetric
+)
+"""Default per-channel weight observer (fbgemm/x86 backends)."""
+
+per_channel_weight_observer_range_neg_127_to_127 = PerChannelMinMaxObserver.with_args(
+    dtype=torch.qint8,
+    qscheme=torch.per_channel_symmetric,
+    quant_min=-127,
+    quant_max=127,
+    eps=2**-12,
+)
+"""Per-channel, symmetric weight observer with the 8-bit values restricted to [-127, +127]."""
+
+default_dynamic_quant_observer = PlaceholderObserver.with_args(
+    dtype=torch.quint8,
+    quant_min=0,
+    quant_max=255,
+    is_dynamic=True,
+)
+"""Default observer for dynamic quantization."""
+
+default_float_qparams_observer = PerChannelMinMaxObserver.with_args(
+    dtype=torch.quint8, qscheme=torch.per_channel_affine_float_qparams, ch_axis=0
+)
+"""Default observer for a floating point zero-point."""
+
+default_float_qparams_observer_4bit = PerChannelMinMaxObserver.with_args(
+    dtype=torch.quint4x2, qscheme=torch.per_channel_affine_float_qparams, ch_axis=0
+)
+"""Default observer for a floating point zero-point and 4 bit activations."""
+
+default_fixed_qparams_range_neg1to1_observer = FixedQParamsObserver.with_args(
+    scale=2.0 / 256.0, zero_point=128, dtype=torch.quint8, quant_min=0, quant_max=255
+)
+default_fixed_qparams_range_0to1_observer = FixedQParamsObserver.with_args(
+    scale=1.0 / 256.0, zero_point=0, dtype=torch.quint8, quant_min=0, quant_max=255
+)
+# torch keeps these two names for backwards compatibility
+default_symmetric_fixed_qparams_observer = default_fixed_qparams_range_neg1to1_observer
+default_affine_fixed_qparams_observer = default_fixed_qparams_range_0to1_observer
+"""Default observers for fixed-qparams operations (sigmoid, tanh...)."""
+
+default_reuse_input_observer = ReuseInputObserver
+"""Default observer for ops like reshape that reuse the observer of their input."""
