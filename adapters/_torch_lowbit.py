@@ -153,10 +153,10 @@ class LowBitObserver(ObserverBase):
         return lowbit_fake_quantize(x, lowbit_qparams(state, self.spec, xp=TORCH_XP), self.spec, xp=TORCH_XP)
 
     def reset_min_max_vals(self):
-        """Empties the buffers (dtype and device kept), as before the first batch."""
+        """Empties the buffers (float32, device kept), as before the first batch."""
         for name in ("min_val", "max_val"):
             buf = self._buffers[name]
-            self._buffers[name] = torch.empty(0, dtype=buf.dtype, device=buf.device)
+            self._buffers[name] = torch.empty(0, dtype=torch.float32, device=buf.device)
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
