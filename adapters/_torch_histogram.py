@@ -53,6 +53,7 @@ from observers_core.families import histogram as family
 from ._array_histogram import check_dtype, check_loaded_state
 from ._array_observers import check_entry
 from ._torch_minmax import (
+    as_torch_entries,
     UniformQuantizationObserverBase,
     checked_input,
     to_core_dtype,
@@ -219,6 +220,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
         version = local_metadata.get("version", None)
+        as_torch_entries(state_dict, prefix, ("histogram", "min_val", "max_val", "eps"))  # NumPy/JAX/CuPy entries
         keys = {name: prefix + name for name in ("histogram", "min_val", "max_val")}
         if version is None or version < 3:
             # before version 3, never-updated min_val/max_val had shape (0,)

@@ -38,7 +38,7 @@ from . import _array_lowbit as _base
 from observers_core._validate import check_bool
 
 from ._array_observers import check_entry
-from ._torch_minmax import TORCH_XP, ObserverBase, checked_input
+from ._torch_minmax import TORCH_XP, ObserverBase, as_torch_entries, checked_input
 
 __all__ = list(_base.__all__)
 
@@ -153,14 +153,15 @@ class LowBitObserver(ObserverBase):
         return lowbit_fake_quantize(x, lowbit_qparams(state, self.spec, xp=TORCH_XP), self.spec, xp=TORCH_XP)
 
     def reset_min_max_vals(self):
-        """Empties the buffers (dtype and device kept), as before the first batch."""
+        """Empties the buffers (float32, device kept), as before the first batch."""
         for name in ("min_val", "max_val"):
             buf = self._buffers[name]
-            self._buffers[name] = torch.empty(0, dtype=buf.dtype, device=buf.device)
+            self._buffers[name] = torch.empty(0, dtype=torch.float32, device=buf.device)
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
+        as_torch_entries(state_dict, prefix, ("min_val", "max_val"))  # NumPy/JAX/CuPy entries as tensors
         lo, hi = state_dict.get(prefix + "min_val"), state_dict.get(prefix + "max_val")
         if isinstance(lo, torch.Tensor) and isinstance(hi, torch.Tensor):
             # everything checked before any buffer changes; then buffers of the saved shape and dtype

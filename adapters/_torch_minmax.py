@@ -27,7 +27,7 @@ from .. import (
 from .._dtypes import parse_dtype
 from .._namespace import normalize_axis
 from .._validate import check_averaging_constant, check_bool
-from ._array_observers import check_minmax_entries, host_array
+from ._array_observers import check_entry, check_minmax_entries, host_array
 
 __all__ = [
     "ObserverBase",
@@ -285,10 +285,7 @@ class UniformQuantizationObserverBase(ObserverBase):
         become tensors, and ``eps``/``min_val``/``max_val`` pass the checks every adapter applies
         (:func:`~observers_core.adapters._array_observers.check_minmax_entries`); ``ValueError``/``TypeError``
         otherwise, with the buffers untouched."""
-        keys = [prefix + name for name in ("eps", "min_val", "max_val")]
-        for key in keys:
-            if key in state_dict and not isinstance(state_dict[key], torch.Tensor):
-                state_dict[key] = torch.as_tensor(host_array(state_dict[key], key.removeprefix(prefix)))
+        keys = as_torch_entries(state_dict, prefix, ("eps", "min_val", "max_val"))
         if all(key in state_dict for key in keys):
             check_minmax_entries(
                 *(state_dict[key] for key in keys), per_channel=self.min_val.ndim == 1, owner=type(self).__name__
@@ -523,11 +520,21 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
             state = MinMaxState(min_val, max_val)
         new = self._update(state, x, axis)
         if min_val.shape != new.min_val.shape:
-            min_val.resize_(new.min_val.shape)
-            max_val.resize_(new.max_val.shape)
+            min_val = self._resize_buffer("min_val", new.min_val.shape)
+            max_val = self._resize_buffer("max_val", new.max_val.shape)
         min_val.copy_(new.min_val)
         max_val.copy_(new.max_val)
         return x_orig
+
+    def _resize_buffer(self, name: str, shape) -> torch.Tensor:
+        """The buffer ``name`` resized in place as torch does, or replaced by a new one (same dtype and
+        device) where its storage cannot be resized (pinned, shared or borrowed from NumPy)."""
+        buffer = getattr(self, name)
+        try:
+            buffer.resize_(shape)
+        except RuntimeError:
+            setattr(self, name, torch.empty(shape, dtype=buffer.dtype, device=buffer.device))
+        return getattr(self, name)
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""Per-channel scales and zero points of the observed ranges."""
@@ -550,7 +557,7 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
         for name in ("min_val", "max_val"):
             value = state_dict.get(prefix + name)
             if isinstance(value, torch.Tensor) and getattr(self, name).shape != value.shape:
-                getattr(self, name).resize_(value.shape)
+                self._resize_buffer(name, value.shape)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
@@ -632,6 +639,16 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
 # placeholders, ``_is_reuse_input_qconfig``) recognise them too.
 
 
+def as_torch_entries(state_dict, prefix: str, names) -> list[str]:
+    """The state-dict entries ``prefix + name`` that are arrays of another framework (NumPy, JAX, CuPy,
+    array_api_strict) replaced by tensors, so torch's loading takes them; returns the keys."""
+    keys = [prefix + name for name in names]
+    for key in keys:
+        if key in state_dict and not isinstance(state_dict[key], torch.Tensor):
+            state_dict[key] = torch.as_tensor(host_array(state_dict[key], key.removeprefix(prefix)))
+    return keys
+
+
 class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
     r"""Returns the fixed ``(scale, zero_point)`` it was built with; ``forward`` only passes ``x`` on.
 
@@ -675,6 +692,29 @@ class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
             quant_max=quant_max,
             is_dynamic=is_dynamic,
             **kwargs,
+        )
+
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
+        """``scale`` (one positive finite float) and ``zero_point`` (one integer in the range), from any
+        framework's arrays; checked before anything changes."""
+        scale_key, zp_key = as_torch_entries(state_dict, prefix, ("scale", "zero_point"))
+        if scale_key in state_dict:
+            scale = check_entry(state_dict[scale_key], "scale", (1,)).astype(np.float64)
+            if not (np.isfinite(scale[0]) and scale[0] > 0):
+                raise ValueError(f"state_dict['scale']={scale.tolist()} must be one positive finite float")
+        if zp_key in state_dict:
+            zero_point = check_entry(state_dict[zp_key], "zero_point", (1,))
+            if zero_point.dtype.kind not in "iu" and not np.all(zero_point == np.floor(zero_point)):
+                raise ValueError(f"state_dict['zero_point']={zero_point.tolist()} must be one integer")
+            if not self.quant_min <= zero_point[0] <= self.quant_max:
+                raise ValueError(
+                    f"state_dict['zero_point']={zero_point.tolist()} must lie in [quant_min={self.quant_min}, "
+                    f"quant_max={self.quant_max}]"
+                )
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
 
 

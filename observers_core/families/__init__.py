@@ -11,4 +11,8 @@ Each family module holds
   ``qparams(config, state, /) -> QParams``, plus ``fake_quantize(config, state, x, /)`` where it applies.
 
 Adapters (``observers_core.adapters``) hold state and call these; they import only public names.
+
+Modules so far: :mod:`~observers_core.families.histogram` (torch's HistogramObserver: binning, combine,
+L2 search) and :mod:`~observers_core.families.lowbit` (per-group int, fp8, MX, BFP16). The min/max and
+calibration families still live in ``observers_core._minmax`` / ``_calibration`` and the adapters.
 """
