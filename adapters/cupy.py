@@ -19,6 +19,8 @@ Example::
 
 from __future__ import annotations
 
+from . import adopt_public_names
+
 from . import _cupy_calibration, _cupy_histogram, _cupy_lowbit, _cupy_minmax
 from ._cupy_minmax import *  # noqa: F401,F403
 from ._cupy_histogram import *  # noqa: F401,F403
@@ -28,3 +30,4 @@ from ._cupy_lowbit import *  # noqa: F401,F403
 __all__ = (
     _cupy_minmax.__all__ + _cupy_histogram.__all__ + _cupy_calibration.__all__ + _cupy_lowbit.__all__
 )
+adopt_public_names(globals())

@@ -29,6 +29,8 @@ Example::
 
 from __future__ import annotations
 
+from . import adopt_public_names
+
 from . import _jax_calibration, _jax_histogram, _jax_lowbit, _jax_minmax
 from ._jax_minmax import *  # noqa: F401,F403
 from ._jax_histogram import *  # noqa: F401,F403
@@ -38,3 +40,4 @@ from ._jax_lowbit import *  # noqa: F401,F403
 __all__ = (
     _jax_minmax.__all__ + _jax_histogram.__all__ + _jax_calibration.__all__ + _jax_lowbit.__all__
 )
+adopt_public_names(globals())

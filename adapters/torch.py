@@ -23,6 +23,8 @@ and ``FixedQParamsFakeQuantize`` insist on torch's own observer classes.
 
 from __future__ import annotations
 
+from . import adopt_public_names
+
 from . import _torch_calibration, _torch_histogram, _torch_lowbit, _torch_minmax
 from ._torch_minmax import *  # noqa: F401,F403
 from ._torch_histogram import *  # noqa: F401,F403
@@ -32,3 +34,4 @@ from ._torch_lowbit import *  # noqa: F401,F403
 __all__ = (
     _torch_minmax.__all__ + _torch_histogram.__all__ + _torch_calibration.__all__ + _torch_lowbit.__all__
 )
+adopt_public_names(globals())

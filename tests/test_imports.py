@@ -90,3 +90,16 @@ def test_family_modules_import_before_their_facade(module):
     done = subprocess.run([sys.executable, "-c", f"import {module}; import observers_core.adapters.jax"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("facade", ["torch", "jax", "cupy"])
+def test_public_classes_name_their_facade(facade):
+    """``repr``, pickles and docs name ``observers_core.adapters.<framework>``, not the private file."""
+    if importlib.util.find_spec(facade) is None:
+        pytest.skip(f"{facade} is not installed")
+    module = importlib.import_module(f"observers_core.adapters.{facade}")
+    classes = [getattr(module, name) for name in module.__all__ if isinstance(getattr(module, name), type)]
+    ours = [c for c in classes if c.__module__.startswith("observers_core")]
+    assert len(ours) > 5, ours
+    wrong = [f"{c.__qualname__}: {c.__module__}" for c in ours if c.__module__ != module.__name__]
+    assert not wrong, wrong
