@@ -39,6 +39,7 @@ from observers_core._validate import check_bool
 
 from ._array_observers import check_entry
 from ._torch_minmax import TORCH_XP, ObserverBase, as_torch_entries, checked_input
+from ._torch_pt2e import link_torchao, pt2e_observer
 
 __all__ = list(_base.__all__)
 
@@ -65,6 +66,7 @@ def _dtype_name(dtype: Any) -> Any:
     return dtype
 
 
+@pt2e_observer
 class LowBitObserver(ObserverBase):
     r"""Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
 
@@ -96,6 +98,7 @@ class LowBitObserver(ObserverBase):
         factory_kwargs=None,
         **kwargs,
     ) -> None:
+        link_torchao()
         spec = lowbit_family.make_spec(
             type(self).__name__, self._FAMILY, _dtype_name(dtype), granularity=granularity, axis=axis,
             group_size=group_size, block_size=block_size, symmetric=symmetric, rounding=rounding, eps=eps,
@@ -131,6 +134,16 @@ class LowBitObserver(ObserverBase):
             min_val.copy_(new.min_val)
             max_val.copy_(new.max_val)
         return x_orig
+
+    def convert(self, model, node):
+        """Called by torchao's ``convert_pt2e`` in place of its lowering: refused, since torchao's PT2E
+        has no quantize/dequantize op for these formats (leaving the observer out would silently give a
+        float model)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} ({self.spec.dtype}) cannot be lowered by torchao's convert_pt2e: it has no "
+            "quantize/dequantize op for per-group, fp8-with-block-scale, MX or BFP formats. Use "
+            "calculate_qparams()/fake_quantize() directly, or a per-tensor/per-channel observer in the PT2E flow."
+        )
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""``lowbit_qparams`` of the buffers, one entry per tensor / channel / group / block. Before any

@@ -28,6 +28,7 @@ from .._dtypes import parse_dtype
 from .._namespace import normalize_axis
 from .._validate import check_averaging_constant, check_bool
 from ._array_observers import check_entry, check_minmax_entries, host_array
+from ._torch_pt2e import link_torchao, pt2e_observer
 
 __all__ = [
     "ObserverBase",
@@ -161,6 +162,7 @@ def checked_input(x_orig: Any, buffer: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@pt2e_observer
 class UniformQuantizationObserverBase(ObserverBase):
     r"""Common base of the observers that compute an affine/symmetric scale and zero point.
 
@@ -197,6 +199,7 @@ class UniformQuantizationObserverBase(ObserverBase):
         ignore_nonfinite=False,
         **kwargs,
     ) -> None:
+        link_torchao()
         spec = quant_spec(
             to_core_dtype(dtype),
             to_core_qscheme(qscheme),
@@ -649,6 +652,7 @@ def as_torch_entries(state_dict, prefix: str, names) -> list[str]:
     return keys
 
 
+@pt2e_observer
 class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
     r"""Returns the fixed ``(scale, zero_point)`` it was built with; ``forward`` only passes ``x`` on.
 
@@ -668,6 +672,7 @@ class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
         is_dynamic=False,
         **kwargs,
     ):
+        link_torchao()
         dtype = _TORCH_DTYPES[to_core_dtype(dtype)]
         scheme = to_core_qscheme(qscheme)
         if not scheme.is_per_tensor:
@@ -718,19 +723,23 @@ class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
         )
 
 
+@pt2e_observer
 class PlaceholderObserver(_torch_observer.PlaceholderObserver):
     r"""Observes nothing; carries ``dtype``/``is_dynamic`` (e.g. float16 or dynamic quantization) to
     the quantized module's ``from_float``. ``calculate_qparams`` raises, as in torch."""
 
 
+@pt2e_observer
 class RecordingObserver(_torch_observer.RecordingObserver):
     r"""Debug observer: appends a clone of every observed tensor to ``tensor_val``."""
 
 
+@pt2e_observer
 class NoopObserver(_torch_observer.NoopObserver):
     r"""Observes nothing (float16 quantization); ``calculate_qparams`` raises, as in torch."""
 
 
+@pt2e_observer
 class ReuseInputObserver(_torch_observer.ReuseInputObserver):
     r"""Marks an op (e.g. ``reshape``) that reuses its input's observer (FX graph mode only)."""
 

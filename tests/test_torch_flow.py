@@ -64,6 +64,9 @@ RECIPES = {
         activation=m.MinMaxObserver.with_args(qscheme=torch.per_tensor_symmetric, dtype=torch.quint8),
         weight=m.MovingAveragePerChannelMinMaxObserver.with_args(
             dtype=torch.qint8, qscheme=torch.per_channel_symmetric, quant_min=-127, quant_max=127, eps=2**-12)),
+    "histogram/per-channel": lambda m: tq.QConfig(
+        activation=m.HistogramObserver.with_args(bins=256, reduce_range=True),
+        weight=m.default_per_channel_weight_observer),
 }
 
 
@@ -218,17 +221,35 @@ def test_with_args_keeps_ignore_nonfinite_through_prepare():
     assert observer.min_val.item() == finite.min().item() and observer.max_val.item() == finite.max().item()
 
 
-def test_fx_graph_mode_flow_matches_torch():
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_fx_graph_mode_flow_matches_torch(recipe):
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)).eval()
     example = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
     outputs = []
     for module in (tobs, ours):
-        mapping = tq.QConfigMapping().set_global(RECIPES["minmax/per-channel"](module))
+        mapping = tq.QConfigMapping().set_global(RECIPES[recipe](module))
         with _quiet():
             prepared = prepare_fx(copy.deepcopy(model), mapping, example_inputs=(example,))
             for x in make_batches(3, seed=5):
                 prepared(x[:, :, :8, :8])
             outputs.append(convert_fx(prepared)(example))
     assert torch.equal(outputs[0], outputs[1])
+
+
+@pytest.mark.parametrize("name", ["KLObserver", "MSEObserver", "PercentileObserver", "MixObserver"])
+def test_calibration_observers_in_the_eager_flow(name):
+    """torch.ao has no KL/MSE/percentile/Mix observer to compare with: ``convert`` builds quantized modules
+    whose output scale and zero point are exactly the ones our activation observers computed."""
+    torch.backends.quantized.engine = ENGINE
+    qconfig = tq.QConfig(activation=getattr(ours, name).with_args(bins=512, dtype=torch.quint8), weight=ours.default_per_channel_weight_observer)
+    with _quiet():
+        prepared, quantized = quantize(make_model(), qconfig, make_batches())
+    for layer in ("conv1", "conv2", "fc"):
+        scale, zero_point = getattr(prepared, layer).activation_post_process.calculate_qparams()
+        module = getattr(quantized, layer)
+        assert (module.scale, module.zero_point) == (float(scale), int(zero_point)), layer
+    with _quiet():
+        out = quantized(make_batches(1, seed=9)[0])
+    assert out.shape == (6, 5) and torch.isfinite(out).all()
