@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from functools import partial
 
-from torch.ao.quantization.observer import _PartialWrapper
+from torch.ao.quantization import observer as torch_observer
 
 __all__ = ["NamedPartialWrapper", "link_torchao", "pt2e_observer"]
 
@@ -32,7 +32,7 @@ _CLASSES: list[type] = []
 _registered: set[type] = set()
 
 
-class NamedPartialWrapper(_PartialWrapper):
+class NamedPartialWrapper(torch_observer._PartialWrapper):  # torch.ao's own type, for its isinstance checks
     """torch.ao's ``_PartialWrapper`` (so ``QConfig`` equality and FX still treat it as theirs) with the
     wrapped class's ``__name__``, which torchao's PT2E ``prepare`` reads."""
 
