@@ -54,6 +54,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from observers_core._calibration import (
     CalibHistogram,
     mse_window,
@@ -66,6 +68,7 @@ from observers_core._calibration import (
     mse_threshold,
     percentile_range,
 )
+from observers_core._compiled import abs_max_kernel, fq_errors_kernel, host_view
 from observers_core._dtypes import QScheme, QuantSpec, quant_spec
 from observers_core._minmax import MinMaxState, aminmax, minmax_init, minmax_update, moving_average_update
 from observers_core._namespace import device_of, size
@@ -235,6 +238,9 @@ def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: 
     huge ranges neither overflow nor vanish under XLA's flush to zero; the ranking is unchanged), with
     ``fq_k`` = :func:`~observers_core.fake_quantize` by ``calculate_qparams(lo_k, hi_k, spec)``.
     float64 where the namespace has it. Shape of ``lo``."""
+    host = host_view(x, xp)
+    if host is not None and host.dtype in (np.float32, np.float64):
+        return _host_candidate_errors(host, lo, hi, axis=axis, spec=spec, xp=xp)
     rows = xp.reshape(x, (1, -1)) if axis is None else xp.reshape(xp.moveaxis(x, axis, 0), (x.shape[axis], -1))
     dtype = work_dtype(xp, device_of(x))
     rows = xp.astype(rows, dtype)
@@ -251,6 +257,23 @@ def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: 
         d = xp.where(finite, (fq - rows) / norm[:, None], 0.0)
         errors.append(xp.sum(d * d, axis=-1) / xp.where(count > 0, count, 1.0))
     return xp.reshape(xp.stack(errors, axis=-1), tuple(lo.shape))
+
+
+def _host_candidate_errors(host: np.ndarray, lo: Array, hi: Array, *, axis: int | None, spec: QuantSpec, xp: Any
+                           ) -> Array:
+    """:func:`candidate_errors` for host memory through the compiled kernels: one pass for the norm, one
+    for every candidate's error (no (C, N) float64 temporaries). The element values are the array
+    code's; only the order of the float64 sums differs."""
+    rows = host.reshape(1, -1) if axis is None else np.moveaxis(host, axis, 0).reshape(host.shape[axis], -1)
+    norm = error_norm(xp.asarray(abs_max_kernel(rows))[:, None], xp)
+    lo2, hi2 = xp.reshape(lo, (rows.shape[0], -1)), xp.reshape(hi, (rows.shape[0], -1))
+    scale, zero_point = calculate_qparams(lo2, hi2, spec, xp=xp)
+    scale = np.asarray(host_view(scale, xp), dtype=np.float64)
+    errors = fq_errors_kernel(
+        rows, 1 / scale, scale, np.asarray(host_view(zero_point, xp), dtype=np.float64),
+        np.asarray(host_view(norm, xp), dtype=np.float64), float(spec.quant_min), float(spec.quant_max),
+    )
+    return xp.reshape(xp.asarray(errors), tuple(lo.shape))
 
 
 def mix_range(x: Array, hist: CalibHistogram, lo: Array, hi: Array, *, axis: int | None, config: CalibConfig,

@@ -29,14 +29,43 @@ from __future__ import annotations
 
 import warnings
 
+import array_api_compat.numpy as _xpn
 import array_api_compat.torch as _xpt
+import numpy as np
 import torch
 
+from observers_core._compiled import numpy_views
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import normalize_axis
 
 from . import _array_calibration as _base
 from ._torch_minmax import UniformQuantizationObserverBase, checked_input, to_core_dtype, to_core_qscheme
+
+
+def _tree_map(fn, tree):
+    """``fn`` applied to every array in ``tree`` (tuples and NamedTuples kept as they are)."""
+    if isinstance(tree, tuple):
+        mapped = [_tree_map(fn, t) for t in tree]
+        return type(tree)(*mapped) if hasattr(tree, "_fields") else tuple(mapped)
+    return fn(tree) if isinstance(tree, (torch.Tensor, np.ndarray, np.generic)) else tree
+
+
+def _leaves(tree) -> list:
+    if isinstance(tree, tuple):
+        return [leaf for t in tree for leaf in _leaves(t)]
+    return [tree]
+
+
+def _run(fn, *args, **kwargs):
+    """``fn(*args, xp=...)`` of the array module. torch CPU tensors go through their zero-copy NumPy views
+    when the compiled kernels are on (NumPy's small-array operations cost a fraction of torch's; the
+    results are the NumPy observers', which equal torch's bit for bit: tests/test_calibration_recorded.py)
+    and come back as tensors; anything else runs on torch."""
+    tensors = [t for t in _leaves(args) if isinstance(t, torch.Tensor)]
+    if numpy_views(_xpt, *tensors) is None:
+        return fn(*args, xp=_xpt, **kwargs)
+    out = fn(*_tree_map(lambda t: numpy_views(_xpt, t)[0], args), xp=_xpn, **kwargs)
+    return _tree_map(lambda a: torch.as_tensor(np.asarray(a)), out)
 
 __all__ = list(_base.__all__)
 
@@ -122,7 +151,7 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
                 self._buffers[name] = value.to(buf.dtype)
 
     def _observe(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> MinMaxState | None:
-        new, self.last_choice = _base.batch_update(state, x, axis=axis, config=self.config, xp=_xpt)
+        new, self.last_choice = _run(_base.batch_update, state, x, axis=axis, config=self.config)
         return new
 
     def forward(self, x_orig):
@@ -291,13 +320,13 @@ class KLObserver(_CalibrationObserver):
                 f"x has {channels} channels along ch_axis={self.ch_axis} but the KL histogram holds "
                 f"{acc.seen.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
             )
-        acc = _base.kl_accumulate(acc, x, axis=axis, xp=_xpt)
+        acc = _run(_base.kl_accumulate, acc, x, axis=axis)
         for name, value in zip(_ACC_BUFFERS, (*acc.hist, *acc.seen)):
             self._buffers[name] = value
         self.num_steps += 1
         if self.num_steps % self.config.update_interval:
             return None
-        return _base.kl_update(state, acc, config=self.config, xp=_xpt)
+        return _run(_base.kl_update, state, acc, config=self.config)
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""``calculate_qparams(min_val, max_val)`` of the averaged KL range; before the first KL update a

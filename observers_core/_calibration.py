@@ -27,7 +27,9 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 from array_api_compat import device as _device
 
+from ._compiled import calib_counts_kernel, host_view, split_sum, threads
 from ._dtypes import QScheme, QuantSpec
+from ._minmax import host_finite_range
 from ._validate import INF, check_bool, check_float, check_int
 from ._namespace import (
     namespace_of,
@@ -944,21 +946,34 @@ def calib_histogram_update(
                 f"{tuple(state.lo.shape)}; build the state with num_channels={x.shape[axis]}"
             )
         values = xp.reshape(xp.moveaxis(x, axis, 0), (channels, -1))
-    values = xp.astype(values, rows.lo.dtype)
-    if absolute:
-        values = xp.abs(values)
-    finite = xp.isfinite(values)
-    low = xp.min(xp.where(finite, values, INF), axis=-1)
-    high = xp.max(xp.where(finite, values, -INF), axis=-1)
+    values = xp.astype(values, rows.lo.dtype, copy=False)
+    host = host_view(values, xp)  # host memory with the compiled kernels: one pass each for range and counts
+    if host is not None:  # the signed finite range per row; |x| reaches max(-low, high) (+0.0, never -0.0)
+        low, high = host_finite_range(values, (1,), xp)
+        if absolute:
+            low, high = xp.where(low <= high, 0.0, low), xp.maximum(-low, high) + 0.0
+    else:
+        if absolute:
+            values = xp.abs(values)
+        finite = xp.isfinite(values)
+        low = xp.min(xp.where(finite, values, INF), axis=-1)
+        high = xp.max(xp.where(finite, values, -INF), axis=-1)
     if absolute:
         low = xp.where(low <= high, 0.0, low)
     merged, lo, width = _combine(rows, low, high, xp.zeros_like(low), xp)
-    safe_w = xp.where(width > 0, width, 1.0)
-    index = _floor_div(xp.where(finite, values, 0.0), safe_w[:, None], xp) - (lo / safe_w)[:, None]
-    index = xp.astype(xp.clip(index, 0.0, float(bins - 1)), index_dtype(xp))
-    offsets = xp.arange(channels, dtype=index.dtype, device=_device(index))[:, None] * bins
-    flat = xp.where(finite, index + offsets, channels * bins)
-    fresh = bincount(xp.reshape(flat, (-1,)), channels * bins, xp)
+    if host is not None:
+        grids = zip(host_view(lo, xp), host_view(width, xp))
+        fresh = xp.asarray(np.stack([
+            split_sum(calib_counts_kernel, row, threads(row.shape[0]), absolute, low_edge, w, bins)
+            for row, (low_edge, w) in zip(host, grids)
+        ]))
+    else:
+        safe_w = xp.where(width > 0, width, 1.0)
+        index = _floor_div(xp.where(finite, values, 0.0), safe_w[:, None], xp) - (lo / safe_w)[:, None]
+        index = xp.astype(xp.clip(index, 0.0, float(bins - 1)), index_dtype(xp))
+        offsets = xp.arange(channels, dtype=index.dtype, device=_device(index))[:, None] * bins
+        flat = xp.where(finite, index + offsets, channels * bins)
+        fresh = bincount(xp.reshape(flat, (-1,)), channels * bins, xp)
     fresh = xp.reshape(xp.astype(fresh, merged.counts.dtype), (channels, bins))
     return _unrows(state, merged._replace(counts=merged.counts + fresh), xp)
 

@@ -37,6 +37,8 @@ __all__ = [
     # histogram and L2-search kernels
     "cascade_kernel", "clip_kernel", "counts_kernel", "cumsum32_kernel", "end_steps_kernel", "errors_kernel",
     "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
+    # finite ranges and the calibration histogram
+    "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_errors_kernel",
 ]  # fmt: skip
 
 AVAILABLE = numba is not None
@@ -358,3 +360,103 @@ def errors_kernel(hist, starts, ends, bin_width, dst_nbins, top, stop, out):  # 
             if stop:
                 break
     return rise
+
+
+# --- finite ranges and the calibration histogram (observers_core._minmax, observers_core._calibration) ---
+# One pass over the data each, instead of the array-API code's masked copies; same float operations.
+
+
+@kernel()
+def finite_range_kernel(x, absolute):  # pragma: no cover (compiled)
+    """Per row of the 2-D float ``x``: ``(min, max)`` of its finite values (of ``|x|`` with ``absolute``),
+    ``(+inf, -inf)`` for a row with none; as ``min(where(isfinite(x), x, inf))`` and the max likewise."""
+    rows = x.shape[0]
+    inf = x.dtype.type(np.inf)
+    zero = x.dtype.type(0)
+    lo = np.full(rows, inf, dtype=x.dtype)
+    hi = np.full(rows, -inf, dtype=x.dtype)
+    for r in range(rows):
+        a, b = inf, -inf
+        row = x[r]
+        for j in range(row.shape[0]):
+            v = row[j]
+            if absolute:
+                v = abs(v)
+            if v - v == zero:  # finite
+                a = v if v < a else a
+                b = v if v > b else b
+        lo[r], hi[r] = a, b
+    return lo, hi
+
+
+@kernel()
+def calib_counts_kernel(x, absolute, lo, width, bins):  # pragma: no cover (compiled)
+    """:func:`calib_histogram_update`'s counts of the 1-D float ``x`` on the grid ``(lo, width)`` (scalars
+    of ``x``'s dtype): ``floor(v / w)`` (``-1`` where a negative ``v / w`` underflows to 0) minus
+    ``lo / w``, clipped to ``[0, bins - 1]``; non-finite values are not counted. ``_CHUNK`` values at a
+    time are binned branch-free (so it vectorizes), then counted; :func:`split_sum` can share the work."""
+    zero, one = x.dtype.type(0), x.dtype.type(1)
+    top, discard = x.dtype.type(bins - 1), x.dtype.type(bins)
+    w = width if width > zero else one
+    base = lo / w
+    counts = np.zeros(bins + 1, dtype=np.int64)
+    idx = np.empty(_CHUNK, dtype=np.int32)
+    for start in range(0, x.shape[0], _CHUNK):
+        chunk = x[start:start + _CHUNK]
+        for j in range(chunk.shape[0]):
+            v = chunk[j]
+            v = abs(v) if absolute else v
+            q = v / w
+            f = x.dtype.type(np.floor(q))
+            f = -one if (q == zero) & (v < zero) else f
+            i = f - base
+            i = zero if i < zero else i
+            i = top if i > top else i
+            idx[j] = np.int32(discard if v - v != zero else i)
+        for j in range(chunk.shape[0]):
+            counts[idx[j]] += 1
+    return counts[:bins]
+
+
+@kernel()
+def abs_max_kernel(rows):  # pragma: no cover (compiled)
+    """Per row of the 2-D float ``rows``: the largest ``|v|`` over its finite values, as float64 (0 for
+    none): ``max(abs(where(isfinite(x), x, 0)))`` of the float64 rows."""
+    out = np.zeros(rows.shape[0], dtype=np.float64)
+    for r in range(rows.shape[0]):
+        m = 0.0
+        row = rows[r]
+        for j in range(row.shape[0]):
+            v = np.float64(row[j])
+            if v - v == 0.0:
+                a = abs(v)
+                m = a if a > m else m
+        out[r] = m
+    return out
+
+
+@kernel()
+def fq_errors_kernel(rows, inv_scale, scale, zero_point, norm, quant_min, quant_max):  # pragma: no cover
+    """:func:`candidate_errors` of the float ``rows`` (C, N) in float64: for each row ``c`` and candidate
+    ``k`` the mean over finite ``v`` of ``((clamp(rint(v * inv_scale) + z, Q_min, Q_max) - z) * s - v) / norm``
+    squared (``inv_scale = 1 / s``; all (C, K) float64). The same element values as the array code; the
+    sums run in order (the array code's are pairwise), so errors may differ in the last bits."""
+    channels, k_count = scale.shape
+    sums = np.zeros((channels, k_count), dtype=np.float64)
+    for c in range(channels):
+        row = rows[c]
+        count = 0.0
+        for j in range(row.shape[0]):
+            v = np.float64(row[j])
+            if v - v != 0.0:
+                continue
+            count += 1.0
+            for k in range(k_count):
+                q = np.rint(v * inv_scale[c, k]) + zero_point[c, k]
+                q = quant_min if q < quant_min else q
+                q = quant_max if q > quant_max else q
+                d = ((q - zero_point[c, k]) * scale[c, k] - v) / norm[c]
+                sums[c, k] += d * d
+        for k in range(k_count):
+            sums[c, k] = sums[c, k] / (count if count > 0.0 else 1.0)
+    return sums

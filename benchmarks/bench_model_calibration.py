@@ -1,0 +1,270 @@
+"""Whole-model calibration: the time observers add to a ResNet-18-shaped network's calibration run.
+
+The network is built here (no weight download): ResNet-18's layout (BasicBlocks 2-2-2-2, 64..512
+channels, batch norm folded by ``fuse_modules``), random weights, batch 8 at 224x224, 8 calibration
+batches. Each configuration runs the eager ``QConfig``/``prepare`` flow and feeds the batches; the time
+it adds is its calibration time (forward passes and the final ``calculate_qparams`` of every observer)
+minus the float model's forward time over the same batches, measured interleaved in one process
+(medians of ``--repeats``; ModelOpt's entropy calibration, minutes long, is timed once). Peak memory is the process's peak RSS growth during one run of each
+configuration (``ru_maxrss``; measured once, in order, so later configurations only show growth beyond
+earlier peaks: read it as an upper bound on extra memory).
+
+Configurations: torch.ao's HistogramObserver; ours; our KL, MSE, percentile and Mix observers (Horizon
+defaults: qint8 symmetric per tensor, which is what ``QConfig`` gets for activations here); ModelOpt 0.47's
+own INT8 calibration of the same network (``mtq.quantize`` with ``INT8_DEFAULT_CFG``: max calibration; and
+the same with histogram calibrators and the entropy amax). Weights use the per-channel MinMax observer of
+the same library (torch.ao's for torch.ao, ours for ours).
+
+Goals (issue 12): our HistogramObserver's added time <= 0.3x torch.ao's; KL, MSE and percentile added
+time <= 1.5x our HistogramObserver's; our KL added time <= 0.5x ModelOpt's entropy calibration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import resource
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.ao import quantization as tq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import machine_line  # noqa: E402
+
+from observers_core.adapters import torch as ours  # noqa: E402
+from torch.ao.quantization import observer as torch_ao  # noqa: E402
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.down = None
+        if stride != 1 or cin != cout:
+            self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        self.add = nn.quantized.FloatFunctional()
+        self.relu2 = nn.ReLU()
+
+    def forward(self, x):
+        out = self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x)))))
+        skip = x if self.down is None else self.down(x)
+        return self.relu2(self.add.add(out, skip))
+
+
+class ResNet18Shaped(nn.Module):
+    def __init__(self, num_classes: int = 1000):
+        super().__init__()
+        self.quant = tq.QuantStub()
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.relu = nn.ReLU()
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        blocks, cin = [], 64
+        for cout, stride in ((64, 1), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1)):
+            blocks.append(BasicBlock(cin, cout, stride))
+            cin = cout
+        self.blocks = nn.Sequential(*blocks)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, num_classes)
+        self.dequant = tq.DeQuantStub()
+
+    def forward(self, x):
+        x = self.pool(self.relu(self.bn1(self.conv1(self.quant(x)))))
+        return self.dequant(self.fc(self.avgpool(self.blocks(x)).flatten(1)))
+
+
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = ResNet18Shaped().eval()
+    for m in model.modules():  # non-trivial batch norm statistics, so folding changes the weights
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def fused(model: nn.Module) -> nn.Module:
+    model = copy.deepcopy(model)
+    tq.fuse_modules(model, [["conv1", "bn1", "relu"]], inplace=True)
+    for block in model.blocks:
+        tq.fuse_modules(block, [["conv1", "bn1", "relu1"], ["conv2", "bn2"]], inplace=True)
+        if block.down is not None:
+            tq.fuse_modules(block.down, [["0", "1"]], inplace=True)
+    return model
+
+
+def make_batches(n: int, batch: int, seed: int = 1) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, 3, 224, 224, generator=g) for _ in range(n)]
+
+
+def eager_run(activation, weight):
+    """prepare -> feed every batch -> every observer's calculate_qparams."""
+
+    def run(model, batches):
+        model = fused(model)
+        model.qconfig = tq.QConfig(activation=activation, weight=weight)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prepared = tq.prepare(model)
+            with torch.no_grad():
+                for x in batches:
+                    prepared(x)
+            for m in prepared.modules():
+                if isinstance(m, tq.ObserverBase) and m is not None and hasattr(m, "calculate_qparams"):
+                    try:
+                        m.calculate_qparams()
+                    except (RuntimeError, ValueError):  # placeholder observers
+                        pass
+        return prepared
+
+    return run
+
+
+def modelopt_run(method: str):
+    """ModelOpt's own INT8 calibration: ``max`` through ``mtq.quantize``; ``entropy`` with histogram
+    calibrators on the inputs: collect, then ``finish_stats_collection(method="entropy")``."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.quantization.model_calib import enable_stats_collection, finish_stats_collection
+
+    def run(model, batches):
+        model = copy.deepcopy(model)
+
+        def loop(m):
+            with torch.no_grad():
+                for x in batches:
+                    m(x)
+
+        cfg = copy.deepcopy(mtq.INT8_DEFAULT_CFG)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if method == "max":
+                return mtq.quantize(model, cfg, loop)
+            for entry in cfg["quant_cfg"]:
+                if entry.get("quantizer_name") == "*input_quantizer":
+                    entry["cfg"] = {**entry["cfg"], "calibrator": "histogram"}
+            cfg["algorithm"] = None
+            model = mtq.quantize(model, cfg, None)  # quantizers inserted, nothing calibrated yet
+            enable_stats_collection(model)
+            loop(model)
+            for name, module in model.named_modules():  # entropy amax from the inputs' histograms
+                if name.endswith("input_quantizer"):
+                    finish_stats_collection(module, method="entropy")
+                elif name.endswith("_quantizer"):
+                    finish_stats_collection(module)
+            return model
+
+    return run
+
+
+def float_run(model, batches):
+    model = fused(model)
+    with torch.no_grad():
+        for x in batches:
+            model(x)
+    return model
+
+
+#: Timed once, in the warm-up pass: ModelOpt's entropy amax is a Python loop per quantizer (minutes in all),
+#: far beyond the machine's noise.
+ONCE = {"ModelOpt INT8 histogram+entropy"}
+
+
+def configurations() -> dict:
+    per_channel_ao = torch_ao.default_per_channel_weight_observer
+    per_channel_ours = ours.default_per_channel_weight_observer
+    horizon = dict(dtype=torch.quint8, qscheme=torch.per_tensor_affine)  # what fbgemm's quantized ops take
+    configs = {
+        "float model (baseline)": float_run,
+        "torch.ao HistogramObserver": eager_run(torch_ao.HistogramObserver.with_args(reduce_range=True), per_channel_ao),
+        "ours HistogramObserver": eager_run(ours.HistogramObserver.with_args(reduce_range=True), per_channel_ours),
+        "ours KLObserver": eager_run(ours.KLObserver.with_args(**horizon), per_channel_ours),
+        "ours MSEObserver": eager_run(ours.MSEObserver.with_args(**horizon), per_channel_ours),
+        "ours PercentileObserver": eager_run(ours.PercentileObserver.with_args(**horizon), per_channel_ours),
+        "ours MixObserver": eager_run(ours.MixObserver.with_args(**horizon), per_channel_ours),
+    }
+    try:
+        import modelopt.torch.quantization  # noqa: F401
+
+        configs["ModelOpt INT8 max"] = modelopt_run("max")
+        configs["ModelOpt INT8 histogram+entropy"] = modelopt_run("entropy")
+    except ImportError:
+        print("ModelOpt is not installed: its rows are skipped")
+    return configs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", nargs="*", help="run only configurations whose name contains one of these")
+    args = parser.parse_args()
+    print(machine_line("torch", "numpy", "numba", "nvidia-modelopt", "array-api-compat"))
+    print(f"torch threads: {torch.get_num_threads()}; ResNet-18-shaped, batch {args.batch_size} at 224x224, "
+          f"{args.batches} calibration batches, {args.repeats} interleaved repeats")
+    model, batches = make_model(), make_batches(args.batches, args.batch_size)
+    configs = configurations()
+    if args.only:
+        configs = {k: v for k, v in configs.items() if k.startswith("float") or any(o in k for o in args.only)}
+
+    peak, times = {}, {name: [] for name in configs}
+    for name, run in configs.items():  # warm-up (numba compiles, caches) and peak memory, once each
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        start = time.perf_counter()
+        run(model, batches)
+        if name in ONCE:
+            times[name].append(time.perf_counter() - start)
+        peak[name] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    for _ in range(args.repeats):
+        for name, run in configs.items():
+            if name in ONCE:
+                continue
+            start = time.perf_counter()
+            run(model, batches)
+            times[name].append(time.perf_counter() - start)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    base = median["float model (baseline)"]
+    added = {name: median[name] - base for name in configs}
+
+    print(f"\n{'configuration':40s} {'total':>9s} {'added':>9s} {'peak RSS growth':>16s}")
+    for name in configs:
+        print(f"{name:40s} {median[name]:8.2f}s {added[name]:8.2f}s {peak[name]:13.0f} MiB")
+
+    def ratio(a: str, b: str) -> float | None:
+        return added[a] / added[b] if a in added and b in added and added[b] > 0 else None
+
+    goals = [
+        ("ours HistogramObserver", "torch.ao HistogramObserver", 0.3),
+        ("ours KLObserver", "ours HistogramObserver", 1.5),
+        ("ours MSEObserver", "ours HistogramObserver", 1.5),
+        ("ours PercentileObserver", "ours HistogramObserver", 1.5),
+        ("ours MixObserver", "ours HistogramObserver", 2.0),
+        ("ours KLObserver", "ModelOpt INT8 histogram+entropy", 0.5),
+    ]
+    print("\nadded-time ratios (goal: at most)")
+    met_all = True
+    for a, b, goal in goals:
+        r = ratio(a, b)
+        if r is None:
+            print(f"  {a} / {b}: not measured")
+            continue
+        met = r <= goal
+        met_all &= met
+        print(f"  {a:28s} / {b:32s} {r:6.2f}x  (goal <= {goal}x: {'met' if met else 'NOT met'})")
+    print("\nall goals met" if met_all else "\nsome goals not met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
