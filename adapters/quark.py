@@ -49,7 +49,9 @@ float32 casts the scale as Quark does. Differences from Quark 0.13:
   with Quark's scale, so the grid is centred on zero;
 - zero points are int32 everywhere (Quark's fp8, MX and BFP zero points are float zeros: equal
   values); the min/max buffers stay float32 (Quark recasts them to each input's dtype: identical for
-  float32 inputs);
+  float32 inputs). For bfloat16/float16 inputs Quark divides in the input's dtype, so its scale is
+  rounded to bfloat16/float16 (e.g. 0.0933 where ours, the float32 quotient of the same min/max, is
+  0.0931); the float32 results above are the bit-for-bit ones;
 - ``PerGroupMinMaxObserver`` keeps, as Quark does, the last batch only (Quark's per-group observer
   never merges batches: it is meant for weights); its qparams come in Quark's layout (``ch_axis``
   swapped with the last axis, then ``(-1, groups)``), MX and BFP scales likewise ``(-1, blocks)``;
@@ -75,6 +77,7 @@ float32 casts the scale as Quark does. Differences from Quark 0.13:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import array_api_compat.torch as _xpt
@@ -405,6 +408,16 @@ class _AccumulatedSearch(_QuarkMinMax, KLObserver):
         )
         self._init_quark(qspec)
         self.symmetric = True
+
+    def calculate_qparams(self):  # type: ignore[override]
+        """``calculate_qparams`` of the searched range; before the first batch a warning and ``([1.], [0])``."""
+        if self.num_steps == 0:
+            warnings.warn(f"{type(self).__name__} has observed nothing yet; returning default values (scale=1, "
+                          "zero_point=0)", UserWarning, stacklevel=2)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return self._default_qparams(self.min_val)
+        return super().calculate_qparams()
 
     def _observe(self, state, x, axis):
         super()._observe(state, x, axis)  # accumulates; update_interval is never reached

@@ -396,6 +396,29 @@ def test_quark_percentile_mse(quark, name, dtype):
     _same(direct.calculate_qparams(), one.calculate_qparams())
 
 
+def test_quark_search_observers_before_data():
+    from types import SimpleNamespace
+
+    from observers_core.adapters import quark as Q
+
+    spec = SimpleNamespace(dtype="int8", qscheme="per_tensor", symmetric=True, is_dynamic=False)
+    for cls in (Q.PerTensorPercentileObserver, Q.PerTensorMSEObserver):
+        obs = cls(spec)
+        with pytest.warns(UserWarning, match="observed nothing"):
+            scale, zp = obs._calculate_qparams()
+        assert scale.tolist() == [1.0] and zp.tolist() == [0]
+
+
+def test_quark_per_channel_bias(quark):
+    """1-D inputs (biases): one channel per element, as Quark."""
+    qspec = _int_spec(quark, "int8", "per_channel", "PerChannelMinMaxObserver", ch_axis=0)
+    ours, theirs = _quark_pair(quark, "PerChannelMinMaxObserver", qspec)
+    _feed([ours, theirs], [torch.randn(7), torch.randn(7)])
+    _same_values(ours._calculate_qparams()[0], _quark_qparams(theirs)[0])
+    clone = pickle.loads(pickle.dumps(ours))
+    _same(clone._calculate_qparams(), ours._calculate_qparams())
+
+
 def test_quark_placeholder(quark):
     C, Ty, O = quark
     qspec = C.QTensorConfig(dtype=Ty.Dtype.bfloat16, observer_cls=O.PlaceholderObserver)
