@@ -11,7 +11,8 @@ formulas and the deliberate differences from Horizon); ``dtype`` takes names or 
 (``torch.qint8``), ``qscheme`` torch's objects or names. The observers are eager-only.
 
 Horizon's ``observer_v2.MinMaxObserver`` (moving average, ``ch_axis=-1``, qint8 symmetric) is not
-exported under that name (torch's ``MinMaxObserver`` owns it): use
+exported under that name here (torch's ``MinMaxObserver`` owns it): it is
+``observers_core.adapters.horizon.MinMaxObserver`` (Horizon's signature, with these four classes), built on
 ``MovingAverageMinMaxObserver(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)`` or, per channel,
 ``MovingAveragePerChannelMinMaxObserver(ch_axis=c, dtype=torch.qint8, qscheme=torch.per_channel_symmetric)``.
 

@@ -16,6 +16,7 @@ import numpy as np
 from ._validate import check_eps
 
 __all__ = [
+    "DTYPE_ALIASES",
     "QUANT_DTYPES",
     "QScheme",
     "QuantSpec",
@@ -40,6 +41,10 @@ QUANT_DTYPES = (
     "float8_e4m3fn",
     "float8_e5m2",
 )
+
+#: Other names for dtypes of :data:`QUANT_DTYPES` (Horizon's ``horizon_plugin_pytorch`` names), resolved by
+#: :func:`parse_dtype` to the canonical name: the range rules are those of the canonical dtype.
+DTYPE_ALIASES = {"qint16": "int16", "quint16": "uint16", "quint4": "quint4x2"}
 
 _SIGNED_8 = ("qint8", "int8")
 _UNSIGNED_8 = ("quint8", "uint8")
@@ -90,12 +95,15 @@ class QScheme(enum.Enum):
 
 
 def parse_dtype(dtype: str, *, name: str = "dtype") -> str:
-    """The canonical quantized dtype name (``"torch.qint8"`` and ``"qint8"`` both give ``"qint8"``)."""
+    """The canonical quantized dtype name (``"torch.qint8"`` and ``"qint8"`` both give ``"qint8"``; the
+    aliases of :data:`DTYPE_ALIASES` give their canonical name: ``"qint16"`` -> ``"int16"``)."""
     if isinstance(dtype, str):
         key = dtype.removeprefix("torch.")
+        key = DTYPE_ALIASES.get(key, key)
         if key in QUANT_DTYPES:
             return key
-    raise ValueError(f"{name}={dtype!r} is not a supported quantized dtype; allowed: {', '.join(QUANT_DTYPES)}")
+    allowed = ", ".join(QUANT_DTYPES + tuple(DTYPE_ALIASES))
+    raise ValueError(f"{name}={dtype!r} is not a supported quantized dtype; allowed: {allowed}")
 
 
 def validate_qmin_qmax(quant_min: int, quant_max: int) -> None:

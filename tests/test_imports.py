@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {"observers_core": ROOT / "observers_core", "observers_core.adapters": ROOT / "adapters"}
 #: Modules that need an optional framework this machine may lack: skipped (with the reason) when absent.
-NEEDS = {"cupy": "cupy", "jax": "jax", "torch": "torch"}
+NEEDS = {"cupy": "cupy", "jax": "jax", "torch": "torch", "horizon": "torch", "quark": "torch"}
 
 
 def _modules() -> list[str]:
