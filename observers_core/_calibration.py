@@ -27,7 +27,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 from array_api_compat import device as _device
 
-from ._compiled import calib_counts_kernel, host_view, split_sum, threads
+from ._compiled import calib_counts_kernel, host_view, mse_level_sums_kernel, split_sum, threads
 from ._dtypes import QScheme, QuantSpec
 from ._minmax import host_finite_range
 from ._validate import INF, check_bool, check_float, check_int
@@ -556,7 +556,12 @@ def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Ar
         x1 = xp.sum(xp.reshape(g1, tuple(n.shape)), axis=-1)
         return xp.concat([y, x1[..., None]], axis=-1)
 
-    if levels > 1:
+    hosts = [host_view(a, xp) for a in (p0, p1, r, off)] if levels > 1 and dtype == xp.float64 else [None]
+    if all(h is not None for h in hosts):  # host memory with the compiled kernels: no (C, K, M) temporaries
+        p0_h, p1_h, r_h, off_h = hosts
+        sums = xp.asarray(mse_level_sums_kernel(p0_h, p1_h, r_h, np.broadcast_to(off_h, r_h.shape), levels, bins))
+        y0, y1, x1 = sums[..., 0], sums[..., 1], sums[..., 2]
+    elif levels > 1:
         sums = _by_channel_chunks(boundary_sums, r.shape[1] * (levels - 1) * 3, xp, p0, p1, r, off)
         y0, y1, x1 = sums[..., 0], sums[..., 1], sums[..., 2]
     else:

@@ -38,7 +38,7 @@ __all__ = [
     "cascade_kernel", "clip_kernel", "counts_kernel", "cumsum32_kernel", "end_steps_kernel", "errors_kernel",
     "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
     # finite ranges and the calibration histogram
-    "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_errors_kernel",
+    "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_errors_kernel", "mse_level_sums_kernel",
 ]  # fmt: skip
 
 AVAILABLE = numba is not None
@@ -460,3 +460,29 @@ def fq_errors_kernel(rows, inv_scale, scale, zero_point, norm, quant_min, quant_
         for k in range(k_count):
             sums[c, k] = sums[c, k] / (count if count > 0.0 else 1.0)
     return sums
+
+
+@kernel()
+def mse_level_sums_kernel(p0, p1, r, off, levels, bins):  # pragma: no cover (compiled)
+    """:func:`_squared_error_by_levels`' boundary sums for host arrays: for each channel ``c`` and candidate
+    ``k``, with ``n_m = clip(ceil((m - 1/2) r - o), 0, bins)`` over ``m = 1 .. levels - 1``:
+    ``Y0 = sum P0[n_m]``, ``Y1 = sum (2m - 1) P0[n_m]``, ``X1 = sum P1[n_m]`` (float64, shape (C, K, 3)).
+    ``n_m`` is computed with the array code's float64 operations; the prefix sums of integer counts are
+    integers, so these sums are exact in any order (below 2**53) and equal the array code's."""
+    channels, candidates = r.shape
+    top = np.float64(bins)
+    out = np.empty((channels, candidates, 3), dtype=np.float64)
+    for c in range(channels):
+        for k in range(candidates):
+            y0 = y1 = x1 = 0.0
+            for level in range(1, levels):
+                m = np.float64(level)
+                n = np.ceil((m - 0.5) * r[c, k] - off[c, k])
+                n = 0.0 if n < 0.0 else n
+                n = top if n > top else n
+                g0 = p0[c, np.int64(n)]
+                y0 += g0
+                y1 += (2.0 * m - 1.0) * g0
+                x1 += p1[c, np.int64(n)]
+            out[c, k, 0], out[c, k, 1], out[c, k, 2] = y0, y1, x1
+    return out
