@@ -46,7 +46,7 @@ import array_api_compat.torch as _NS
 import torch
 
 from observers_core._histogram import HistogramState, check_bins, check_upsample_rate, histogram
-from observers_core._l2_search import non_linear_param_search
+from observers_core._l2_search import non_linear_param_search, quantization_error
 from observers_core._dtypes import FLOAT32_EPS
 from observers_core.families import histogram as family
 
@@ -196,6 +196,17 @@ class HistogramObserver(UniformQuantizationObserverBase):
         self._store(HistogramState(histogram(x, bins=self.bins, lo=lo, hi=hi, xp=_NS), lo, hi))
 
     # -- qparams -------------------------------------------------------------------------------------
+    def _get_norm(self, delta_begin: torch.Tensor, delta_end: torch.Tensor, density: torch.Tensor) -> torch.Tensor:
+        r"""torch's helper: the L2 norm of values spread uniformly over ``[delta_begin, delta_end]``,
+        ``density * (delta_end**3 - delta_begin**3) / 3``."""
+        return density * ((delta_end * delta_end * delta_end - delta_begin * delta_begin * delta_begin) / 3)
+
+    def _compute_quantization_error(self, next_start_bin: int, next_end_bin: int) -> float:
+        r"""torch's helper: the L2 error of quantizing bins ``next_start_bin .. next_end_bin`` onto
+        ``dst_nbins`` levels (:func:`observers_core.quantization_error`), as a Python float."""
+        state = self._state()
+        return float(quantization_error(*state, next_start_bin, next_end_bin, dst_nbins=self.dst_nbins, xp=_NS))
+
     def _non_linear_param_search(self) -> tuple[torch.Tensor, torch.Tensor]:
         r"""``(new_min, new_max)`` of torch's greedy L2 search over the histogram
         (:func:`observers_core.non_linear_param_search` with ``dst_nbins`` levels), as 0-d float32 tensors."""

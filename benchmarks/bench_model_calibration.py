@@ -203,6 +203,52 @@ def configurations() -> dict:
     return configs
 
 
+def observer_forward_table(repeats: int) -> None:
+    """Part 1: one observer's forward on float32 batches of shape (8, 64, 56, 56), default arguments, one
+    warm-up batch, medians over ``repeats`` rounds of 5 batches (interleaved across observers)."""
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(8, 64, 56, 56, generator=g) * (1 + i % 3) for i in range(6)]
+    makers = {
+        "ours HistogramObserver": ours.HistogramObserver,
+        "torch.ao HistogramObserver": torch_ao.HistogramObserver,
+        "ours KLObserver": ours.KLObserver,
+        "ours MSEObserver": ours.MSEObserver,
+        "ours PercentileObserver": ours.PercentileObserver,
+        "ours MixObserver": ours.MixObserver,
+    }
+    try:
+        from modelopt.torch.quantization.calib import HistogramCalibrator, MaxCalibrator
+
+        makers["ModelOpt HistogramCalibrator.collect"] = lambda: HistogramCalibrator(8, None, True).collect
+        makers["ModelOpt MaxCalibrator.collect"] = lambda: MaxCalibrator(8, None, True).collect
+    except ImportError:
+        pass
+    observers = {name: make() for name, make in makers.items()}
+    times = {name: [] for name in observers}
+    with torch.no_grad():
+        for fwd in observers.values():
+            fwd(xs[0])
+        for _ in range(repeats):
+            for name, fwd in observers.items():
+                for x in xs[1:]:
+                    start = time.perf_counter()
+                    fwd(x)
+                    times[name].append(time.perf_counter() - start)
+    med = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    ref = med["ours HistogramObserver"]
+    modelopt = med.get("ModelOpt HistogramCalibrator.collect")
+    print("\npart 1: forward of one observer, float32 (8, 64, 56, 56), median ms per batch")
+    print(f"{'observer':40s} {'ms':>8s} {'/ ours Histogram':>17s} {'ModelOpt collect /':>19s}")
+    for name, ms in med.items():
+        vs_modelopt = f"{modelopt / ms:8.1f}x" if modelopt and name.startswith("ours") else ""
+        print(f"{name:40s} {ms:8.2f} {ms / ref:16.2f}x {vs_modelopt:>19s}")
+    for name, goal in (("ours KLObserver", 1.5), ("ours MSEObserver", 1.5), ("ours PercentileObserver", 1.5),
+                       ("ours MixObserver", 2.0)):
+        r = med[name] / ref
+        faster = f", {modelopt / med[name]:.1f}x faster than ModelOpt's collect (goal >= 5x)" if modelopt else ""
+        print(f"  {name}: {r:.2f}x our HistogramObserver (goal <= {goal}x: {'met' if r <= goal else 'NOT met'}){faster}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=8)
@@ -213,6 +259,8 @@ def main() -> int:
     print(machine_line("torch", "numpy", "numba", "nvidia-modelopt", "array-api-compat"))
     print(f"torch threads: {torch.get_num_threads()}; ResNet-18-shaped, batch {args.batch_size} at 224x224, "
           f"{args.batches} calibration batches, {args.repeats} interleaved repeats")
+    observer_forward_table(args.repeats)
+    print("\npart 2: whole-model calibration")
     model, batches = make_model(), make_batches(args.batches, args.batch_size)
     configs = configurations()
     if args.only:

@@ -45,8 +45,9 @@ from ._namespace import (
     rounded,
 )
 from ._qparams import QParams, calculate_qparams
+from ._validate import check_int
 
-__all__ = ["check_histogram", "histogram_qparams", "non_linear_param_search"]
+__all__ = ["check_histogram", "histogram_qparams", "non_linear_param_search", "quantization_error"]
 
 Array = Any
 
@@ -325,6 +326,24 @@ def _errors(hist: Array, starts: Array, ends: Array, bin_width: Array, dst_nbins
     norm = norm + rounded(density * true_divide(rounded(de * de * de, xp) - neg_half3, 3.0, xp), xp)
     total = _sum32(norm, xp)
     return xp.where(is_zero, xp.zeros_like(total), total)
+
+
+def quantization_error(histogram: Array, min_val: Array, max_val: Array, start_bin: int, end_bin: int, /, *,
+                       dst_nbins: int, xp: Any = None) -> Array:
+    """torch's ``HistogramObserver._compute_quantization_error(start_bin, end_bin)``: the L2 error of
+    quantizing the bins ``start_bin .. end_bin`` of the histogram over ``[min_val, max_val]`` onto
+    ``dst_nbins`` uniform levels, in torch's float32 order (the terms are in :func:`_errors`); 0-d float32,
+    0 when the levels have zero width. The search (:func:`non_linear_param_search`) evaluates this for
+    each candidate."""
+    xp = array_namespace(histogram, xp=xp)
+    n = histogram.shape[0]
+    for name, value in (("start_bin", start_bin), ("end_bin", end_bin)):
+        check_int(value, name, minimum=0, maximum=n - 1)
+    with float64_scope(xp):
+        bin_width = true_divide(xp.astype(max_val, xp.float64) - xp.astype(min_val, xp.float64), float(n), xp)
+    starts = xp.asarray([int(start_bin)], device=device_of(histogram))
+    ends = xp.asarray([int(end_bin)], device=device_of(histogram))
+    return _errors(xp.astype(histogram, xp.float32), starts, ends, bin_width, int(dst_nbins), xp)[0]
 
 
 def _compiled_on(xp: Any) -> bool:

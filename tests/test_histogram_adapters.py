@@ -788,3 +788,25 @@ def test_cupy_observer_keeps_state_on_the_input_device():
     np.testing.assert_array_equal(qp.zero_point.get(), zero_point.numpy())
     with pytest.raises(TypeError, match="cupy.ndarray"):
         obs(np.ones(3, F32))
+
+
+def test_torch_private_helpers_equal_torchs():
+    """torch's own tools call ``_compute_quantization_error`` and ``_get_norm`` on a HistogramObserver:
+    ours give torch's floats for many (start, end) pairs on the same observed data."""
+    torch = pytest.importorskip("torch")
+    from torch.ao.quantization.observer import HistogramObserver as TorchHistogramObserver
+
+    from observers_core.adapters.torch import HistogramObserver
+
+    gen = torch.Generator().manual_seed(4)
+    for bins in (16, 256, 2048):
+        theirs, ours = TorchHistogramObserver(bins=bins), HistogramObserver(bins=bins)
+        for scale in (1.0, 5.0, 0.2):
+            x = torch.randn(3000, generator=gen) ** 3 * scale
+            theirs(x)
+            ours(x)
+        pairs = [(0, bins - 1), (1, bins - 2), (bins // 4, 3 * bins // 4), (bins // 2, bins // 2), (0, 0)]
+        for start, end in pairs:
+            assert ours._compute_quantization_error(start, end) == theirs._compute_quantization_error(start, end)
+        begin, end, density = torch.randn(5, generator=gen), torch.rand(5, generator=gen), torch.rand(5, generator=gen)
+        assert torch.equal(ours._get_norm(begin, end, density), theirs._get_norm(begin, end, density))
