@@ -32,6 +32,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from observers_core.families import calibration as family
+
 from . import _array_calibration as _base
 from ._jax_minmax import JaxMinMaxMixin
 
@@ -41,7 +43,7 @@ Array = Any
 
 
 def _batch_body(state, x, *, axis, config):
-    return _base.batch_update(state, x, axis=axis, config=config, xp=jnp)
+    return family.batch_update(state, x, axis=axis, config=config, xp=jnp)
 
 
 @functools.partial(jax.jit, static_argnames=("axis", "config"))
@@ -50,7 +52,7 @@ def _jit_batch(state, x, *, axis, config):
 
 
 def _accumulate_body(acc, x, *, axis):
-    return _base.kl_accumulate(acc, x, axis=axis, xp=jnp)
+    return family.kl_accumulate(acc, x, axis=axis, xp=jnp)
 
 
 @functools.partial(jax.jit, static_argnames=("axis",))
@@ -59,7 +61,7 @@ def _jit_accumulate(acc, x, *, axis):
 
 
 def _kl_body(state, acc, *, config):
-    return _base.kl_update(state, acc, config=config, xp=jnp)
+    return family.kl_update(state, acc, config=config, xp=jnp)
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -75,7 +77,7 @@ class _JaxCalibrationMixin(JaxMinMaxMixin):
         return self._compute_batch(state, x, axis)[0]
 
     def _new_accumulator(self, x: Array, num_channels: int | None):
-        acc = _base.kl_init(num_channels, bins=self._config.bins, device=None, xp=jnp)
+        acc = family.kl_init(num_channels, bins=self._config.bins, device=None, xp=jnp)
         return acc if self._device is None else jax.device_put(acc, self._device)
 
     def _compute_accumulate(self, acc, x: Array, axis: int | None):

@@ -35,9 +35,12 @@ import array_api_compat.torch as _xpt
 import numpy as np
 import torch
 
+from observers_core import CalibHistogram
 from observers_core._compiled import numpy_views
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import normalize_axis
+
+from observers_core.families import calibration as family
 
 from . import _array_calibration as _base
 from ._torch_minmax import UniformQuantizationObserverBase, checked_input, to_core_dtype, to_core_qscheme
@@ -100,7 +103,7 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
         update_interval=1,
         **kwargs,
     ) -> None:
-        config, per_channel = _base.make_config(
+        config, per_channel = family.make_config(
             type(self).__name__, self._METHOD, dtype=to_core_dtype(dtype), qscheme=to_core_qscheme(qscheme),
             quant_min=quant_min, quant_max=quant_max, ch_axis=ch_axis, averaging_constant=averaging_constant,
             bins=bins, percentile=percentile, stride=stride, update_interval=update_interval,
@@ -152,7 +155,7 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
                 self._buffers[name] = value.to(buf.dtype)
 
     def _observe(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> MinMaxState | None:
-        new, self.last_choice = _run(_base.batch_update, state, x, axis=axis, config=self.config)
+        new, self.last_choice = _run(family.batch_update, state, x, axis=axis, config=self.config)
         return new
 
     def forward(self, x_orig):
@@ -196,7 +199,7 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
         self.last_choice = None
 
     def extra_repr(self):
-        return _base.describe(self.config, self.ch_axis) + f", min_val={self.min_val}, max_val={self.max_val}"
+        return family.describe(self.config, self.ch_axis) + f", min_val={self.min_val}, max_val={self.max_val}"
 
 
 class PercentileObserver(_CalibrationObserver):
@@ -303,31 +306,31 @@ class KLObserver(_CalibrationObserver):
             self.register_buffer(name, torch.tensor([], device=device), persistent=False)
 
     @property
-    def accumulator(self) -> _base.KLAccumulator | None:
+    def accumulator(self) -> family.KLAccumulator | None:
         """The accumulated histogram of ``|x|`` and finite range (views of the non-persistent buffers;
         ``None`` before the first batch; not in the state dict)."""
         values = [self._buffers[name] for name in _ACC_BUFFERS]
         if values[0].numel() == 0:
             return None
-        return _base.KLAccumulator(_base.CalibHistogram(*values[:5]), MinMaxState(*values[5:]))
+        return family.KLAccumulator(CalibHistogram(*values[:5]), MinMaxState(*values[5:]))
 
     def _observe(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> MinMaxState | None:
         channels = None if axis is None else x.shape[axis]
         acc = self.accumulator
         if acc is None:
-            acc = _base.kl_init(channels, bins=self.config.bins, device=x.device, xp=_xpt)
+            acc = family.kl_init(channels, bins=self.config.bins, device=x.device, xp=_xpt)
         elif axis is not None and tuple(acc.seen.min_val.shape) != (channels,):
             raise ValueError(
                 f"x has {channels} channels along ch_axis={self.ch_axis} but the KL histogram holds "
                 f"{acc.seen.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
             )
-        acc = _run(_base.kl_accumulate, acc, x, axis=axis)
+        acc = _run(family.kl_accumulate, acc, x, axis=axis)
         for name, value in zip(_ACC_BUFFERS, (*acc.hist, *acc.seen)):
             self._buffers[name] = value
         self.num_steps += 1
         if self.num_steps % self.config.update_interval:
             return None
-        return _run(_base.kl_update, state, acc, config=self.config)
+        return _run(family.kl_update, state, acc, config=self.config)
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""``calculate_qparams(min_val, max_val)`` of the averaged KL range; before the first KL update a
@@ -338,7 +341,7 @@ class KLObserver(_CalibrationObserver):
                 warnings.simplefilter("ignore")
                 default = self._default_qparams(min_val)
             warnings.warn(
-                _base.kl_pending_message(type(self).__name__, self.num_steps, self.config.update_interval),
+                family.kl_pending_message(type(self).__name__, self.num_steps, self.config.update_interval),
                 UserWarning, stacklevel=2,
             )
             return default

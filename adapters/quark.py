@@ -85,7 +85,8 @@ import torch
 
 from observers_core._minmax import MinMaxState
 
-from . import _array_calibration as _calib
+from observers_core.families import calibration as calibration_family
+
 from . import adopt_public_names
 from .torch import (
     HistogramObserver,
@@ -422,8 +423,8 @@ class _AccumulatedSearch(_QuarkMinMax, KLObserver):
     def _observe(self, state, x, axis):
         super()._observe(state, x, axis)  # accumulates; update_interval is never reached
         acc = self.accumulator
-        amax = _calib.search_amax(self._SEARCH, acc.hist, self.config, _xpt)
-        lo, hi = _calib.clip_range(acc.seen.min_val, acc.seen.max_val, amax, _xpt)
+        amax = calibration_family.search_amax(self._SEARCH, acc.hist, self.config, _xpt)
+        lo, hi = calibration_family.clip_range(acc.seen.min_val, acc.seen.max_val, amax, _xpt)
         return MinMaxState(lo, hi)
 
 

@@ -11,7 +11,7 @@ import pytest
 import array_api_compat.numpy as xp
 from observers_core import _compiled, aminmax, calib_histogram_init, calib_histogram_update, mse_threshold, quant_spec
 from observers_core import calib_histogram_edges
-from observers_core.adapters import _array_calibration as calib
+from observers_core.families import calibration as calib
 
 pytestmark = pytest.mark.skipif(not _compiled.AVAILABLE, reason="numba is not installed")
 

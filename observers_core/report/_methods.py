@@ -154,7 +154,7 @@ def _uniform(case: Case, batches: list[Any], xp: Any) -> tuple[Any, Any, Any, An
         raise ValueError("no finite value: the observer saw nothing")
     q = obs.calculate_qparams()
     if case.method == "mix" and obs.last_choice is not None:
-        from observers_core.adapters._array_calibration import MIX_CANDIDATES
+        from observers_core.families.calibration import MIX_CANDIDATES
 
         picks = host_numpy(obs.last_choice).reshape(-1)
         note = "mix: " + ",".join(sorted({MIX_CANDIDATES[int(i)] for i in picks}))

@@ -1,0 +1,315 @@
+"""The calibration family (Horizon ``observer_v2``: KL, MSE, percentile, Mix; ModelOpt's searches).
+
+Every method picks a clipping magnitude ``amax`` from a histogram of ``|x|``
+(:class:`~observers_core.CalibHistogram`, ``bins`` bins on an exact power-of-two grid) with the core's
+searches, then clips the observed finite range into ``[-amax, amax]`` and moving-averages it into the
+state, ``x_min = x_min + c * (lo - x_min)`` (the first range initialises); qparams are
+:func:`~observers_core.calculate_qparams` of ``(x_min, x_max)``. The per-method details, the conventions
+and the deliberate differences from Horizon are in :mod:`observers_core.adapters._array_calibration`,
+whose classes (and the JAX, CuPy and torch ones) are thin state holders over these functions.
+
+- :func:`batch_update`: one batch of a per-batch method (percentile, MSE, Mix).
+- :class:`KLAccumulator` (:func:`kl_init`, :func:`kl_accumulate`, :func:`kl_merge`, :func:`kl_update`):
+  what KLObserver accumulates between KL steps; ``kl_merge`` of shard accumulators equals one
+  accumulator over all the shards' data, exactly (the histogram grid is canonical, the range a min/max).
+- ``STATE_KEYS``: the state-dict keys (``min_val``, ``max_val``; histograms are not saved, as in Horizon).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .._calibration import (
+    CalibHistogram,
+    calib_histogram_edges,
+    calib_histogram_init,
+    calib_histogram_merge,
+    calib_histogram_update,
+    error_norm,
+    kl_threshold,
+    mse_threshold,
+    mse_window,
+    percentile_range,
+    work_dtype,
+)
+from .._compiled import abs_max_kernel, fq_errors_kernel, host_view
+from .._dtypes import QuantSpec, quant_spec
+from .._minmax import MinMaxState, aminmax, minmax_init, minmax_merge, minmax_update, moving_average_update
+from .._namespace import device_of
+from .._qparams import calculate_qparams
+from .._quantize import fake_quantize
+from .._validate import check_averaging_constant, check_bool, check_int
+
+__all__ = [
+    "MIX_CANDIDATES", "STATE_KEYS", "CalibConfig", "KLAccumulator", "abs_histogram", "average_range",
+    "batch_update", "candidate_errors", "clip_range", "describe", "kl_accumulate", "kl_init", "kl_merge",
+    "kl_pending_message", "kl_update", "make_config", "mix_range", "observed_range", "positive_levels",
+    "search_amax",
+]  # fmt: skip
+
+Array = Any
+INF = float("inf")
+#: The state-dict keys of the averaged range.
+STATE_KEYS = ("min_val", "max_val")
+
+#: MixObserver's candidates, in the order that breaks ties (``last_choice`` indexes this tuple).
+MIX_CANDIDATES = ("minmax", "percentile", "kl", "mse")
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibConfig:
+    """A validated calibration configuration (hashable: a static ``jax.jit`` argument).
+
+    ``method``: ``"kl"``, ``"mse"``, ``"percentile"`` or ``"mix"``; ``levels``: the quantized levels
+    ``|x|`` reaches (the KL search's ``num_levels``)."""
+
+    method: str
+    spec: QuantSpec
+    averaging_constant: float
+    bins: int
+    levels: int
+    percentile: float = 99.99
+    stride: int = 1
+    update_interval: int = 1
+
+
+def positive_levels(spec: QuantSpec) -> int:
+    """Levels ``z .. quant_max`` that ``[0, amax]`` is quantized to (``z``: the zero point of
+    ``calculate_qparams(0, amax)``): 128 for qint8 symmetric, 256 for quint8 affine."""
+    low, high = mse_window(spec)
+    return high - low + 1
+
+
+def make_config(
+    owner: str,
+    method: str,
+    *,
+    dtype: Any,
+    qscheme: Any,
+    quant_min: int | None,
+    quant_max: int | None,
+    ch_axis: Any,
+    averaging_constant: Any,
+    bins: Any,
+    percentile: Any = 99.99,
+    stride: Any = 1,
+    update_interval: Any = 1,
+    is_sync_quantize: Any = False,
+) -> tuple[CalibConfig, bool]:
+    """Validate an observer's arguments: ``(config, per_channel)``. ``ValueError``/``TypeError`` name the
+    argument; ``is_sync_quantize=True`` raises ``NotImplementedError``."""
+    if isinstance(ch_axis, bool) or not isinstance(ch_axis, numbers.Integral):
+        raise TypeError(f"ch_axis must be an int, got {type(ch_axis).__name__} {ch_axis!r}")
+    if ch_axis < -1:
+        raise ValueError(f"ch_axis={ch_axis} is not allowed; allowed: -1 (per tensor, Horizon's convention) or >= 0")
+    per_channel = ch_axis >= 0
+    spec = quant_spec(dtype, qscheme, quant_min=quant_min, quant_max=quant_max)
+    if spec.qscheme.is_per_channel != per_channel:
+        wanted = "a per_channel_* qscheme" if per_channel else "per_tensor_symmetric or per_tensor_affine"
+        raise ValueError(
+            f"ch_axis={ch_axis} observes {'per channel' if per_channel else 'per tensor'} and needs {wanted}, "
+            f"got qscheme={spec.qscheme.value!r} ({owner})"
+        )
+    averaging_constant = check_averaging_constant(averaging_constant)
+    if isinstance(percentile, bool) or not isinstance(percentile, numbers.Real):
+        raise TypeError(f"percentile must be a float in (0, 100], got {type(percentile).__name__} {percentile!r}")
+    if not 0.0 < float(percentile) <= 100.0:
+        raise ValueError(f"percentile={percentile!r} is out of range; allowed: 0 < percentile <= 100")
+    levels = positive_levels(spec)
+    bins = check_int(bins, "bins", minimum=2)
+    if bins < levels:
+        raise ValueError(
+            f"bins={bins} is smaller than the {levels} quantized levels |x| reaches with dtype={spec.dtype!r}, "
+            f"qscheme={spec.qscheme.value!r}, quant_min={spec.quant_min}, quant_max={spec.quant_max}; "
+            f"allowed: bins >= {levels}"
+        )
+    stride = check_int(stride, "stride", minimum=1)
+    update_interval = check_int(update_interval, "update_interval", minimum=1)
+    if check_bool(is_sync_quantize, "is_sync_quantize"):
+        raise NotImplementedError(
+            "is_sync_quantize=True is not implemented: statistics are not synchronised across devices. "
+            "Merge replicas' min/max with observers_core.moving_average_merge (and KL histograms with "
+            "calib_histogram_merge) yourself"
+        )
+    config = CalibConfig(method, spec, float(averaging_constant), bins, levels, float(percentile), stride, update_interval)
+    return config, per_channel
+
+
+def describe(config: CalibConfig, ch_axis: int) -> str:
+    """The ``repr`` of a configuration."""
+    parts = [f"dtype={config.spec.dtype!r}", f"qscheme={config.spec.qscheme.value!r}", f"ch_axis={ch_axis}",
+             f"averaging_constant={config.averaging_constant}", f"bins={config.bins}"]
+    if config.method in ("percentile", "mix"):
+        parts.append(f"percentile={config.percentile}")
+    if config.method in ("mse", "mix"):
+        parts.append(f"stride={config.stride}")
+    if config.method == "kl":
+        parts.append(f"update_interval={config.update_interval}")
+    return ", ".join(parts)
+
+
+def abs_histogram(x: Array, *, axis: int | None, bins: int, xp: Any) -> CalibHistogram:
+    """A fresh :class:`~observers_core.CalibHistogram` of ``|x|`` (per channel along ``axis``)."""
+    channels = None if axis is None else x.shape[axis]
+    state = calib_histogram_init(bins=bins, num_channels=channels, device=device_of(x), xp=xp)
+    return calib_histogram_update(state, x, axis=axis, absolute=True, xp=xp)
+
+
+def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any) -> Array:
+    """The clipping magnitude of ``method`` for the histogram of ``|x|`` (``+inf`` for ``"minmax"``)."""
+    if method == "minmax":
+        return xp.full(tuple(hist.max_val.shape), INF, dtype=hist.max_val.dtype, device=device_of(hist.max_val))
+    edges = calib_histogram_edges(hist, xp=xp)  # the observer's own histogram: valid, no check (host read)
+    if method == "kl":
+        return kl_threshold(hist.counts, edges, num_levels=config.levels, check=False, xp=xp)
+    if method == "mse":
+        return mse_threshold(hist.counts, edges, spec=config.spec, stride=config.stride, check=False, xp=xp)
+    if method == "percentile":
+        return percentile_range(hist.counts, edges, percentile=config.percentile, check=False, xp=xp)[1]
+    raise ValueError(f"unknown calibration method {method!r}")
+
+
+def observed_range(x: Array, *, axis: int | None, xp: Any) -> tuple[Array, Array]:
+    """The finite range of ``x`` as float32 (``(+inf, -inf)`` where nothing finite was seen)."""
+    lo, hi = aminmax(x, axis=axis, ignore_nonfinite=True, xp=xp)
+    return xp.astype(lo, xp.float32), xp.astype(hi, xp.float32)
+
+
+def clip_range(lo: Array, hi: Array, amax: Array, xp: Any) -> tuple[Array, Array]:
+    """``lo``, ``hi`` clipped into ``[-amax, amax]``; an unseen range (``lo > hi``) is kept as it is."""
+    amax = xp.astype(amax, lo.dtype)
+    seen = lo <= hi
+    return (
+        xp.where(seen, xp.minimum(xp.maximum(lo, -amax), amax), lo),
+        xp.where(seen, xp.minimum(xp.maximum(hi, -amax), amax), hi),
+    )
+
+
+def average_range(state: MinMaxState, lo: Array, hi: Array, averaging_constant: float, xp: Any) -> MinMaxState:
+    """The core's moving average of the range ``(lo, hi)`` (:func:`observers_core.moving_average_update`
+    of the pairs ``[lo, hi]``, whose min and max they are): ``x_min = x_min + c * (lo - x_min)``, the
+    first range initialises, an unseen one (``lo > hi``) changes nothing."""
+    pairs = xp.stack([lo, hi], axis=-1)
+    return moving_average_update(
+        state, pairs, averaging_constant=averaging_constant, axis=None if lo.ndim == 0 else 0,
+        ignore_nonfinite=True, xp=xp,
+    )
+
+
+def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: QuantSpec, xp: Any) -> Array:
+    """Mean squared fake-quantization error of ``x`` for each candidate range ``(lo[..., k], hi[..., k])``:
+    ``E_k = sum((fq_k(x) - x)**2) / n`` over the finite values (per channel), divided by the squared
+    power of two at or above the channel's largest magnitude (:func:`~observers_core._calibration.error_norm`:
+    huge ranges neither overflow nor vanish under XLA's flush to zero; the ranking is unchanged), with
+    ``fq_k`` = :func:`~observers_core.fake_quantize` by ``calculate_qparams(lo_k, hi_k, spec)``.
+    float64 where the namespace has it. Shape of ``lo``."""
+    host = host_view(x, xp)
+    if host is not None and host.dtype in (np.float32, np.float64):
+        return _host_candidate_errors(host, lo, hi, axis=axis, spec=spec, xp=xp)
+    rows = xp.reshape(x, (1, -1)) if axis is None else xp.reshape(xp.moveaxis(x, axis, 0), (x.shape[axis], -1))
+    dtype = work_dtype(xp, device_of(x))
+    rows = xp.astype(rows, dtype)
+    finite = xp.isfinite(rows)
+    rows = xp.where(finite, rows, 0.0)
+    count = xp.sum(xp.astype(finite, dtype), axis=-1)
+    norm = error_norm(rows, xp)
+    lo2, hi2 = xp.reshape(lo, (rows.shape[0], -1)), xp.reshape(hi, (rows.shape[0], -1))
+    scale, zero_point = calculate_qparams(lo2, hi2, spec, xp=xp)
+    errors = []
+    for k in range(lo2.shape[-1]):  # a static loop over the (few) candidates: one (C, N) temporary each
+        fq = fake_quantize(rows, scale[:, k:k + 1], zero_point[:, k:k + 1],
+                           quant_min=spec.quant_min, quant_max=spec.quant_max, xp=xp)
+        d = xp.where(finite, (fq - rows) / norm[:, None], 0.0)
+        errors.append(xp.sum(d * d, axis=-1) / xp.where(count > 0, count, 1.0))
+    return xp.reshape(xp.stack(errors, axis=-1), tuple(lo.shape))
+
+
+def _host_candidate_errors(host: np.ndarray, lo: Array, hi: Array, *, axis: int | None, spec: QuantSpec, xp: Any
+                           ) -> Array:
+    """:func:`candidate_errors` for host memory through the compiled kernels: one pass for the norm, one
+    for every candidate's error (no (C, N) float64 temporaries). The element values are the array
+    code's; only the order of the float64 sums differs."""
+    rows = host.reshape(1, -1) if axis is None else np.moveaxis(host, axis, 0).reshape(host.shape[axis], -1)
+    norm = error_norm(xp.asarray(abs_max_kernel(rows))[:, None], xp)
+    lo2, hi2 = xp.reshape(lo, (rows.shape[0], -1)), xp.reshape(hi, (rows.shape[0], -1))
+    scale, zero_point = calculate_qparams(lo2, hi2, spec, xp=xp)
+    scale = np.asarray(host_view(scale, xp), dtype=np.float64)
+    errors = fq_errors_kernel(
+        rows, 1 / scale, scale, np.asarray(host_view(zero_point, xp), dtype=np.float64),
+        np.asarray(host_view(norm, xp), dtype=np.float64), float(spec.quant_min), float(spec.quant_max),
+    )
+    return xp.reshape(xp.asarray(errors), tuple(lo.shape))
+
+
+def mix_range(x: Array, hist: CalibHistogram, lo: Array, hi: Array, *, axis: int | None, config: CalibConfig,
+              xp: Any) -> tuple[Array, Array, Array]:
+    """MixObserver's batch result: every candidate of :data:`MIX_CANDIDATES` clips ``(lo, hi)``; the one
+    of least :func:`candidate_errors` wins (the first among equals). ``(lo, hi, choice)``."""
+    ranges = [clip_range(lo, hi, search_amax(m, hist, config, xp), xp) for m in MIX_CANDIDATES]
+    lo_k = xp.stack([r[0] for r in ranges], axis=-1)
+    hi_k = xp.stack([r[1] for r in ranges], axis=-1)
+    choice = xp.argmin(candidate_errors(x, lo_k, hi_k, axis=axis, spec=config.spec, xp=xp), axis=-1)
+    picked = xp.arange(len(MIX_CANDIDATES), device=device_of(lo)) == choice[..., None]
+    return xp.min(xp.where(picked, lo_k, INF), axis=-1), xp.max(xp.where(picked, hi_k, -INF), axis=-1), choice
+
+
+def batch_update(state: MinMaxState, x: Array, /, *, axis: int | None, config: CalibConfig, xp: Any
+                 ) -> tuple[MinMaxState, Array | None]:
+    """One batch of a per-batch method (percentile, MSE, mix): its clipped range averaged into ``state``;
+    also MixObserver's choice (``None`` otherwise). ``x`` must not be empty."""
+    hist = abs_histogram(x, axis=axis, bins=config.bins, xp=xp)
+    lo, hi = observed_range(x, axis=axis, xp=xp)
+    choice = None
+    if config.method == "mix":
+        lo, hi, choice = mix_range(x, hist, lo, hi, axis=axis, config=config, xp=xp)
+    else:
+        lo, hi = clip_range(lo, hi, search_amax(config.method, hist, config, xp), xp)
+    return average_range(state, lo, hi, config.averaging_constant, xp), choice
+
+
+class KLAccumulator(NamedTuple):
+    """What KLObserver accumulates between KL updates: the histogram of ``|x|`` and the finite range."""
+
+    hist: CalibHistogram
+    seen: MinMaxState
+
+
+def kl_init(num_channels: int | None, *, bins: int, device: Any, xp: Any) -> KLAccumulator:
+    """An empty accumulator (per tensor, or of ``num_channels`` channels)."""
+    return KLAccumulator(
+        calib_histogram_init(bins=bins, num_channels=num_channels, device=device, xp=xp),
+        minmax_init(num_channels=num_channels, device=device, xp=xp),
+    )
+
+
+def kl_accumulate(acc: KLAccumulator, x: Array, /, *, axis: int | None, xp: Any) -> KLAccumulator:
+    """``x`` counted into the histogram of ``|x|`` and the running finite range."""
+    return KLAccumulator(
+        calib_histogram_update(acc.hist, x, axis=axis, absolute=True, xp=xp),
+        minmax_update(acc.seen, x, axis=axis, ignore_nonfinite=True, xp=xp),
+    )
+
+
+def kl_merge(a: KLAccumulator, b: KLAccumulator, /, *, xp: Any = None) -> KLAccumulator:
+    """Two accumulators as one: ``calib_histogram_merge`` of the histograms and ``minmax_merge`` of the
+    ranges. Exactly the accumulator of both shards' data (in any order and grouping)."""
+    return KLAccumulator(calib_histogram_merge(a.hist, b.hist, xp=xp), minmax_merge(a.seen, b.seen, xp=xp))
+
+
+def kl_update(state: MinMaxState, acc: KLAccumulator, /, *, config: CalibConfig, xp: Any) -> MinMaxState:
+    """A KL update: the accumulated range clipped to the KL threshold of the accumulated histogram,
+    averaged into ``state``."""
+    lo, hi = clip_range(acc.seen.min_val, acc.seen.max_val, search_amax("kl", acc.hist, config, xp), xp)
+    return average_range(state, lo, hi, config.averaging_constant, xp)
+
+
+def kl_pending_message(owner: str, steps: int, update_interval: int) -> str:
+    return (
+        f"{owner} has not run a KL update yet: it runs every update_interval={update_interval} observed "
+        f"batches and has seen {steps}; returning default values (scale=1, zero_point=0). Observe more "
+        "batches or use a smaller update_interval"
+    )
