@@ -5,6 +5,7 @@ array_api_strict, torch, jax, cupy) and returns arrays of the same namespace. St
 -specific observers live in ``observers_core.adapters.{torch,jax,cupy}``.
 """
 
+from ._collective import Collective, reduce_range
 from ._dtypes import QUANT_DTYPES, QScheme, QuantSpec, calculate_qmin_qmax, quant_spec, validate_qmin_qmax
 from ._minmax import (
     MinMaxState,
@@ -29,6 +30,7 @@ from ._lowbit import *  # noqa: F401,F403
 
 __all__ = [
     "QUANT_DTYPES",
+    "Collective",
     "MinMaxState",
     "QParams",
     "QScheme",
@@ -47,6 +49,7 @@ __all__ = [
     "moving_average_qparams",
     "moving_average_update",
     "quant_spec",
+    "reduce_range",
     "validate_qmin_qmax",
 ]
 __all__ += _histogram.__all__ + _l2_search.__all__ + _calibration.__all__ + _lowbit.__all__

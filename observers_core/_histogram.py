@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
+from ._collective import check_collective, reduce_range
 from ._compiled import counts_kernel, host_scalar, host_view, numpy_views, rebin_kernel, split_sum, threads
 from ._minmax import aminmax
 from ._validate import check_int
@@ -262,12 +263,12 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
 
 
 def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[Array, Array],
-           bounded: bool = True) -> tuple[Array, Array, Array]:  # fmt: skip
+           bounded: bool = True, integer: bool = False) -> tuple[Array, Array, Array]:  # fmt: skip
     """``(float counts, number of NaN, number of the other values not counted)`` of ``xf`` (1-D float) in
     ``bins`` equal bins over ``[lo, hi]`` (0-d, ``xf.dtype``), exactly as ``torch.histc``: the value ``hi``
     in the last bin; NaN, +/-inf and values outside ``[lo, hi]`` not counted; ``data`` is the range of the
     finite values of ``xf`` (used when ``lo == hi``). ``bounded=False`` when every finite value is known to lie in ``[lo, hi]``.
-    Counted in integers, converted to float at the end."""
+    Counted in integers, converted to float at the end (``integer``: left as integers)."""
     lo, hi = _histc_range(lo, hi, data[0], data[1], xp)
     ok = (hi > lo) & xp.isfinite(lo) & xp.isfinite(hi)
     lo = xp.where(ok, lo, scalar_like(0.0, lo, xp))
@@ -276,7 +277,7 @@ def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[A
     last = xp.reshape(c[bins - 1] + c[bins], (1,))
     counts = xp.concat([c[: bins - 1], last])
     counts = xp.where(ok, counts, xp.zeros_like(counts))
-    return xp.astype(counts, xf.dtype), c[bins + 1], c[bins + 2]
+    return (counts if integer else xp.astype(counts, xf.dtype)), c[bins + 1], c[bins + 2]
 
 
 def histogram(x: Array, /, *, bins: int, lo: Any, hi: Any, xp: Any = None) -> Array:
@@ -427,8 +428,10 @@ def histogram_update(
     upsample_rate: int = 16,
     ignore_nonfinite: bool = False,
     xp: Any = None,
+    collective: Any = None,
 ) -> HistogramState:
-    """One ``HistogramObserver.forward`` (torch >= 2.5): the state after also seeing ``x``.
+    """One ``HistogramObserver.forward`` (torch >= 2.5): the state after also seeing ``x`` (with a
+    :class:`~observers_core.Collective`, every member's ``x``: see :func:`histogram_update_counting`).
 
     ``min_val = min(min_val, min(x))``, ``max_val = max(max_val, max(x))``; ``x`` is binned with
     :func:`histogram` on the new range and added to the old histogram moved onto that range: as is when
@@ -444,7 +447,7 @@ def histogram_update(
       ``isnan(state.min_val)`` and raise, the previous state being still theirs).
     """
     return histogram_update_counting(state, x, upsample_rate=upsample_rate, ignore_nonfinite=ignore_nonfinite,
-                                     xp=xp)[0]  # fmt: skip
+                                     xp=xp, collective=collective)[0]  # fmt: skip
 
 
 def histogram_update_counting(
@@ -455,32 +458,47 @@ def histogram_update_counting(
     upsample_rate: int = 16,
     ignore_nonfinite: bool = False,
     xp: Any = None,
+    collective: Any = None,
 ) -> tuple[HistogramState, Array]:
     """:func:`histogram_update`, plus ``[number of +/-inf, number of NaN]`` in ``x`` (1-D integer array),
-    counted while binning: what an adapter needs for torch's warnings without another pass over ``x``."""
+    counted while binning: what an adapter needs for torch's warnings without another pass over ``x``.
+
+    With a :class:`~observers_core.Collective` the batch is every member's: the members agree on the
+    batch's range first (min/max), bin their own values on the new range and sum the integer counts
+    (and the inf/NaN counts), so each ends with the state of one update on the concatenated batch."""
     bins = check_state(state)
     up = check_upsample_rate(upsample_rate)
     xp = array_namespace(state.histogram, xp=xp)
     check_real(x, xp)
-    if size(x) == 0:
+    if size(x) == 0 and check_collective(collective) is None:
         return state, xp.zeros(2, dtype=index_dtype(xp), device=_device(state.histogram))
     views = numpy_views(xp, *state, x)
     if views is not None:  # torch CPU: run as NumPy, hand torch tensors back
         import torch  # only reached with torch tensors
 
         out, nonfinite = histogram_update_counting(HistogramState(*views[:3]), views[3], upsample_rate=up,
-                                                   ignore_nonfinite=ignore_nonfinite, xp=_numpy_namespace())  # fmt: skip
+                                                   ignore_nonfinite=ignore_nonfinite, xp=_numpy_namespace(),
+                                                   collective=collective)  # fmt: skip
         return HistogramState(*(torch.from_numpy(np.asarray(a)) for a in out)), torch.from_numpy(nonfinite)
     with np.errstate(all="ignore"):
         xf = xp.astype(xp.reshape(x, (-1,)), xp.float32, copy=False)
-        x_lo, x_hi = _finite_range(xf, xp)
+        if size(xf) == 0:  # only with a collective: this member contributes nothing
+            x_lo, x_hi = scalar_like(INF, state.min_val, xp), scalar_like(-INF, state.min_val, xp)
+        else:
+            x_lo, x_hi = _finite_range(xf, xp)
+        x_lo, x_hi = reduce_range(x_lo, x_hi, collective)
         poisoned = xp.isnan(state.min_val) | xp.isnan(state.max_val)  # kept as is; x binned for its counts
         fresh = (state.min_val == INF) | (state.max_val == -INF) | poisoned
         new_min = xp.where(fresh, x_lo, xp.minimum(state.min_val, x_lo))
         new_max = xp.where(fresh, x_hi, xp.maximum(state.max_val, x_hi))
         # every finite value lies in [new_min, new_max]: no bounds check needed, so the counts' last
         # entry holds the +/-inf
-        batch, nans, infs = _histc(xf, bins, new_min, new_max, xp, data=(x_lo, x_hi), bounded=False)
+        batch, nans, infs = _histc(xf, bins, new_min, new_max, xp, data=(x_lo, x_hi), bounded=False,
+                                   integer=collective is not None)
+        if collective is not None:  # one sum for the counts and the NaN/inf tallies
+            summed = collective.sum(xp.concat([batch, xp.reshape(xp.astype(nans, batch.dtype), (1,)),
+                                               xp.reshape(xp.astype(infs, batch.dtype), (1,))]))
+            batch, nans, infs = xp.astype(summed[:bins], xf.dtype), summed[bins], summed[bins + 1]
         hist = batch + _to_range(state, new_min, new_max, up, xp)
         seen = x_lo <= x_hi
         hist = xp.where(seen, hist, state.histogram)

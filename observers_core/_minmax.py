@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._collective import check_collective, reduce_range
 from ._compiled import finite_range_kernel, host_view
 from ._dtypes import QuantSpec
 from ._namespace import (
@@ -157,8 +158,10 @@ def minmax_init(
     )
 
 
-def _batch_range(state: MinMaxState, x: Array, axis: int | None, ignore_nonfinite: bool, xp: Any):
-    """``aminmax(x)`` cast to the state's dtype, after checking that ``x`` fits the state."""
+def _batch_range(state: MinMaxState, x: Array, axis: int | None, ignore_nonfinite: bool, xp: Any,
+                 collective: Any = None):
+    """``aminmax(x)`` cast to the state's dtype, after checking that ``x`` fits the state, reduced by
+    ``collective`` (an empty ``x`` contributes ``(+inf, -inf)``)."""
     if axis is None:
         if state.min_val.ndim != 0:
             raise ValueError(f"a per-channel state of shape {tuple(state.min_val.shape)} needs axis=<channel axis>")
@@ -169,25 +172,36 @@ def _batch_range(state: MinMaxState, x: Array, axis: int | None, ignore_nonfinit
                 f"x has {x.shape[axis]} channels along axis {axis} but the state holds "
                 f"{tuple(state.min_val.shape)}; build the state with num_channels={x.shape[axis]}"
             )
-    lo, hi = _aminmax(x, axis, ignore_nonfinite, xp)  # x was checked by the caller
+    if size(x) == 0:
+        lo, hi = xp.full_like(state.min_val, INF), xp.full_like(state.max_val, -INF)
+    else:
+        lo, hi = _aminmax(x, axis, ignore_nonfinite, xp)  # x was checked by the caller
     # Casting after the reduction equals reducing after the cast (rounding is monotone) and skips a copy.
     if lo.dtype != state.min_val.dtype:
         lo, hi = xp.astype(lo, state.min_val.dtype), xp.astype(hi, state.max_val.dtype)
-    return lo, hi
+    return reduce_range(lo, hi, collective)
 
 
 def minmax_update(
-    state: MinMaxState, x: Array, /, *, axis: int | None = None, ignore_nonfinite: bool = False, xp: Any = None
+    state: MinMaxState,
+    x: Array,
+    /,
+    *,
+    axis: int | None = None,
+    ignore_nonfinite: bool = False,
+    xp: Any = None,
+    collective: Any = None,
 ) -> MinMaxState:
     """Running range: ``x_min = min(x_min, min(X))``, ``x_max = max(x_max, max(X))``. Empty ``x``: no-op.
 
-    NaN in ``x`` propagates into the state (as in torch) unless ``ignore_nonfinite``.
+    NaN in ``x`` propagates into the state (as in torch) unless ``ignore_nonfinite``. With a
+    :class:`~observers_core.Collective`, ``min(X)``/``max(X)`` are over every member's batch.
     """
     xp = array_namespace(state.min_val, xp=xp)
     check_real(x, xp)
-    if size(x) == 0:
+    if size(x) == 0 and check_collective(collective) is None:
         return state
-    lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp)
+    lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp, collective)
     return MinMaxState(xp.minimum(lo, state.min_val), xp.maximum(hi, state.max_val))
 
 
@@ -200,17 +214,19 @@ def moving_average_update(
     axis: int | None = None,
     ignore_nonfinite: bool = False,
     xp: Any = None,
+    collective: Any = None,
 ) -> MinMaxState:
     """Moving average of the batch range: ``x_min = x_min + c * (min(X) - x_min)`` (same for max);
     an entry that has seen nothing yet (``+inf``/``-inf``) takes the batch range. Empty ``x``: no-op.
 
     NaN propagates as in torch; with ``ignore_nonfinite`` a channel whose batch held no finite value
-    keeps its previous average."""
+    keeps its previous average. With a :class:`~observers_core.Collective`, ``min(X)``/``max(X)`` are
+    over every member's batch (one step of the average per collective step; all empty: no-op)."""
     xp = array_namespace(state.min_val, xp=xp)
     check_real(x, xp)
-    if size(x) == 0:
+    if size(x) == 0 and check_collective(collective) is None:
         return state
-    lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp)
+    lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp, collective)
     # Never updated: (+inf, -inf), the only state where min - max is +inf (NaN compares False, and the
     # average's own cancellation can cross min and max, so min > max alone would be wrong).
     fresh = (state.min_val - state.max_val) == INF
@@ -218,8 +234,8 @@ def moving_average_update(
     with discarded_invalid(xp):  # fresh entries compute inf - inf, replaced by the batch range
         new_min = xp.where(fresh, lo, state.min_val + rounded(c * (lo - state.min_val), xp))
         new_max = xp.where(fresh, hi, state.max_val + rounded(c * (hi - state.max_val), xp))
-    if ignore_nonfinite:
-        seen = lo <= hi
+    if ignore_nonfinite or collective is not None:  # (+inf, -inf): no finite value, or every batch empty
+        seen = ~((lo == INF) & (hi == -INF))
         new_min = xp.where(seen, new_min, state.min_val)
         new_max = xp.where(seen, new_max, state.max_val)
     return MinMaxState(new_min, new_max)

@@ -76,15 +76,17 @@ def init(config: Config, /, *, num_channels: int | None = None, device: Any = No
     return histogram_init(bins=config.bins, xp=xp, device=device)
 
 
-def update(config: Config, state: State, x: Any, /) -> State:
-    """``histogram_update(state, x)``: torch's ``HistogramObserver.forward``."""
-    return histogram_update(state, x, upsample_rate=config.upsample_rate, ignore_nonfinite=config.ignore_nonfinite)
+def update(config: Config, state: State, x: Any, /, *, collective: Any = None) -> State:
+    """``histogram_update(state, x)``: torch's ``HistogramObserver.forward`` (with a
+    :class:`~observers_core.Collective`: on every member's ``x``, range first, then summed counts)."""
+    return histogram_update(state, x, upsample_rate=config.upsample_rate, ignore_nonfinite=config.ignore_nonfinite,
+                            collective=collective)  # fmt: skip
 
 
-def update_counting(config: Config, state: State, x: Any, /) -> tuple[State, Any]:
+def update_counting(config: Config, state: State, x: Any, /, *, collective: Any = None) -> tuple[State, Any]:
     """``(update(config, state, x), [number of +/-inf, number of NaN in x])`` (for torch's warnings)."""
     return histogram_update_counting(state, x, upsample_rate=config.upsample_rate,
-                                     ignore_nonfinite=config.ignore_nonfinite)  # fmt: skip
+                                     ignore_nonfinite=config.ignore_nonfinite, collective=collective)  # fmt: skip
 
 
 def merge(config: Config, a: State, b: State, /) -> State:
