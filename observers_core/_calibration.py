@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 from array_api_compat import device as _device
 
+from ._collective import check_collective, reduce_range
 from ._compiled import calib_counts_kernel, host_view, mse_level_sums_kernel, split_sum, threads
 from ._dtypes import QScheme, QuantSpec
 from ._minmax import host_finite_range
@@ -921,7 +922,14 @@ def _combine(a: CalibHistogram, low: Array, high: Array, min_width: Array, xp: A
 
 
 def calib_histogram_update(
-    state: CalibHistogram, x: Array, /, *, axis: int | None = None, absolute: bool = False, xp: Any = None
+    state: CalibHistogram,
+    x: Array,
+    /,
+    *,
+    axis: int | None = None,
+    absolute: bool = False,
+    xp: Any = None,
+    collective: Any = None,
 ) -> CalibHistogram:
     """Count ``x`` (``|x|`` with ``absolute``) into the state, per tensor or per channel along ``axis``.
 
@@ -930,12 +938,13 @@ def calib_histogram_update(
     With ``absolute`` the range includes 0, so the grid starts at 0 (``lo = 0``) as the KL and MSE
     searches expect. NaN and +/-Inf are not counted. Values are cast to the state's float dtype
     (float16, bfloat16 and integer inputs are fine). Empty ``x``: no-op. Same as merging the state with
-    a fresh state updated with ``x``.
+    a fresh state updated with ``x``. With a :class:`~observers_core.Collective`, ``x`` is every member's:
+    the members agree on the range (min/max), then sum the integer counts on the common grid.
     """
     xp = array_namespace(state.counts, xp=xp)
     check_real(x, xp)
     absolute = check_bool(absolute, "absolute")
-    if size(x) == 0:
+    if check_collective(collective) is None and size(x) == 0:
         return state
     rows = _rows(state, xp)
     channels, bins = rows.counts.shape
@@ -952,8 +961,11 @@ def calib_histogram_update(
             )
         values = xp.reshape(xp.moveaxis(x, axis, 0), (channels, -1))
     values = xp.astype(values, rows.lo.dtype, copy=False)
-    host = host_view(values, xp)  # host memory with the compiled kernels: one pass each for range and counts
-    if host is not None:  # the signed finite range per row; |x| reaches max(-low, high) (+0.0, never -0.0)
+    # host memory with the compiled kernels: one pass each for range and counts
+    host = host_view(values, xp) if size(x) > 0 else None
+    if size(x) == 0:  # only with a collective: this member contributes nothing
+        low, high = xp.full_like(rows.min_val, INF), xp.full_like(rows.max_val, -INF)
+    elif host is not None:  # the signed finite range per row; |x| reaches max(-low, high) (+0.0, never -0.0)
         low, high = host_finite_range(values, (1,), xp)
         if absolute:
             low, high = xp.where(low <= high, 0.0, low), xp.maximum(-low, high) + 0.0
@@ -965,8 +977,11 @@ def calib_histogram_update(
         high = xp.max(xp.where(finite, values, -INF), axis=-1)
     if absolute:
         low = xp.where(low <= high, 0.0, low)
+    low, high = reduce_range(low, high, collective)
     merged, lo, width = _combine(rows, low, high, xp.zeros_like(low), xp)
-    if host is not None:
+    if size(x) == 0:
+        fresh = xp.zeros_like(merged.counts)
+    elif host is not None:
         grids = zip(host_view(lo, xp), host_view(width, xp))
         fresh = xp.asarray(np.stack([
             split_sum(calib_counts_kernel, row, threads(row.shape[0]), absolute, low_edge, w, bins)
@@ -980,6 +995,8 @@ def calib_histogram_update(
         flat = xp.where(finite, index + offsets, channels * bins)
         fresh = bincount(xp.reshape(flat, (-1,)), channels * bins, xp)
     fresh = xp.reshape(xp.astype(fresh, merged.counts.dtype), (channels, bins))
+    if collective is not None:
+        fresh = collective.sum(fresh)
     return _unrows(state, merged._replace(counts=merged.counts + fresh), xp)
 
 

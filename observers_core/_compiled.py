@@ -38,7 +38,7 @@ __all__ = [
     "cascade_kernel", "clip_kernel", "counts_kernel", "cumsum32_kernel", "end_steps_kernel", "errors_kernel",
     "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
     # finite ranges and the calibration histogram
-    "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_errors_kernel", "mse_level_sums_kernel",
+    "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_sums_kernel", "mse_level_sums_kernel",
 ]  # fmt: skip
 
 AVAILABLE = numba is not None
@@ -436,13 +436,15 @@ def abs_max_kernel(rows):  # pragma: no cover (compiled)
 
 
 @kernel()
-def fq_errors_kernel(rows, inv_scale, scale, zero_point, norm, quant_min, quant_max):  # pragma: no cover
-    """:func:`candidate_errors` of the float ``rows`` (C, N) in float64: for each row ``c`` and candidate
-    ``k`` the mean over finite ``v`` of ``((clamp(rint(v * inv_scale) + z, Q_min, Q_max) - z) * s - v) / norm``
-    squared (``inv_scale = 1 / s``; all (C, K) float64). The same element values as the array code; the
-    sums run in order (the array code's are pairwise), so errors may differ in the last bits."""
+def fq_sums_kernel(rows, inv_scale, scale, zero_point, norm, quant_min, quant_max):  # pragma: no cover
+    """The sums behind :func:`candidate_errors` of the float ``rows`` (C, N) in float64: for each row ``c``
+    and candidate ``k``, column ``k`` holds the sum over finite ``v`` of
+    ``((clamp(rint(v * inv_scale) + z, Q_min, Q_max) - z) * s - v) / norm`` squared and the last column
+    the number of finite ``v`` (``inv_scale = 1 / s``; all (C, K) float64). The same element values as
+    the array code; the sums run in order (the array code's are pairwise), so they may differ in the
+    last bits."""
     channels, k_count = scale.shape
-    sums = np.zeros((channels, k_count), dtype=np.float64)
+    sums = np.zeros((channels, k_count + 1), dtype=np.float64)
     for c in range(channels):
         row = rows[c]
         count = 0.0
@@ -457,8 +459,7 @@ def fq_errors_kernel(rows, inv_scale, scale, zero_point, norm, quant_min, quant_
                 q = quant_max if q > quant_max else q
                 d = ((q - zero_point[c, k]) * scale[c, k] - v) / norm[c]
                 sums[c, k] += d * d
-        for k in range(k_count):
-            sums[c, k] = sums[c, k] / (count if count > 0.0 else 1.0)
+        sums[c, k_count] = count
     return sums
 
 

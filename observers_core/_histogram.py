@@ -470,7 +470,7 @@ def histogram_update_counting(
     up = check_upsample_rate(upsample_rate)
     xp = array_namespace(state.histogram, xp=xp)
     check_real(x, xp)
-    if size(x) == 0 and check_collective(collective) is None:
+    if check_collective(collective) is None and size(x) == 0:
         return state, xp.zeros(2, dtype=index_dtype(xp), device=_device(state.histogram))
     views = numpy_views(xp, *state, x)
     if views is not None:  # torch CPU: run as NumPy, hand torch tensors back

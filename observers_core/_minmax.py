@@ -199,7 +199,7 @@ def minmax_update(
     """
     xp = array_namespace(state.min_val, xp=xp)
     check_real(x, xp)
-    if size(x) == 0 and check_collective(collective) is None:
+    if check_collective(collective) is None and size(x) == 0:
         return state
     lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp, collective)
     return MinMaxState(xp.minimum(lo, state.min_val), xp.maximum(hi, state.max_val))
@@ -224,7 +224,7 @@ def moving_average_update(
     over every member's batch (one step of the average per collective step; all empty: no-op)."""
     xp = array_namespace(state.min_val, xp=xp)
     check_real(x, xp)
-    if size(x) == 0 and check_collective(collective) is None:
+    if check_collective(collective) is None and size(x) == 0:
         return state
     lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp, collective)
     # Never updated: (+inf, -inf), the only state where min - max is +inf (NaN compares False, and the

@@ -36,10 +36,10 @@ from .._calibration import (
     percentile_range,
     work_dtype,
 )
-from .._compiled import abs_max_kernel, fq_errors_kernel, host_view
+from .._compiled import abs_max_kernel, fq_sums_kernel, host_view
 from .._dtypes import QuantSpec, quant_spec
-from .._minmax import MinMaxState, aminmax, minmax_init, minmax_merge, minmax_update, moving_average_update
-from .._namespace import device_of
+from .._minmax import MinMaxState, minmax_init, minmax_merge, minmax_update, moving_average_update
+from .._namespace import device_of, size
 from .._qparams import calculate_qparams
 from .._quantize import fake_quantize
 from .._validate import check_averaging_constant, check_bool, check_int
@@ -152,11 +152,12 @@ def describe(config: CalibConfig, ch_axis: int) -> str:
     return ", ".join(parts)
 
 
-def abs_histogram(x: Array, *, axis: int | None, bins: int, xp: Any) -> CalibHistogram:
-    """A fresh :class:`~observers_core.CalibHistogram` of ``|x|`` (per channel along ``axis``)."""
+def abs_histogram(x: Array, *, axis: int | None, bins: int, xp: Any, collective: Any = None) -> CalibHistogram:
+    """A fresh :class:`~observers_core.CalibHistogram` of ``|x|`` (per channel along ``axis``; with a
+    collective, of every member's ``x``)."""
     channels = None if axis is None else x.shape[axis]
     state = calib_histogram_init(bins=bins, num_channels=channels, device=device_of(x), xp=xp)
-    return calib_histogram_update(state, x, axis=axis, absolute=True, xp=xp)
+    return calib_histogram_update(state, x, axis=axis, absolute=True, xp=xp, collective=collective)
 
 
 def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any) -> Array:
@@ -173,10 +174,11 @@ def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any)
     raise ValueError(f"unknown calibration method {method!r}")
 
 
-def observed_range(x: Array, *, axis: int | None, xp: Any) -> tuple[Array, Array]:
-    """The finite range of ``x`` as float32 (``(+inf, -inf)`` where nothing finite was seen)."""
-    lo, hi = aminmax(x, axis=axis, ignore_nonfinite=True, xp=xp)
-    return xp.astype(lo, xp.float32), xp.astype(hi, xp.float32)
+def observed_range(x: Array, *, axis: int | None, xp: Any, collective: Any = None) -> tuple[Array, Array]:
+    """The finite range of ``x`` as float32 (``(+inf, -inf)`` where nothing finite was seen; with a
+    collective, of every member's ``x``)."""
+    state = minmax_init(num_channels=None if axis is None else x.shape[axis], device=device_of(x), xp=xp)
+    return minmax_update(state, x, axis=axis, ignore_nonfinite=True, xp=xp, collective=collective)
 
 
 def clip_range(lo: Array, hi: Array, amax: Array, xp: Any) -> tuple[Array, Array]:
@@ -200,72 +202,76 @@ def average_range(state: MinMaxState, lo: Array, hi: Array, averaging_constant: 
     )
 
 
-def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: QuantSpec, xp: Any) -> Array:
+def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: QuantSpec, xp: Any,
+                     collective: Any = None) -> Array:
     """Mean squared fake-quantization error of ``x`` for each candidate range ``(lo[..., k], hi[..., k])``:
     ``E_k = sum((fq_k(x) - x)**2) / n`` over the finite values (per channel), divided by the squared
     power of two at or above the channel's largest magnitude (:func:`~observers_core._calibration.error_norm`:
     huge ranges neither overflow nor vanish under XLA's flush to zero; the ranking is unchanged), with
     ``fq_k`` = :func:`~observers_core.fake_quantize` by ``calculate_qparams(lo_k, hi_k, spec)``.
-    float64 where the namespace has it. Shape of ``lo``."""
-    host = host_view(x, xp)
-    if host is not None and host.dtype in (np.float32, np.float64):
-        return _host_candidate_errors(host, lo, hi, axis=axis, spec=spec, xp=xp)
+    float64 where the namespace has it. Shape of ``lo``.
+
+    With a collective the norm, sums and counts are every member's (the float64 sums then add in
+    another order than one process's: the errors may differ in the last bits)."""
     rows = xp.reshape(x, (1, -1)) if axis is None else xp.reshape(xp.moveaxis(x, axis, 0), (x.shape[axis], -1))
-    dtype = work_dtype(xp, device_of(x))
-    rows = xp.astype(rows, dtype)
-    finite = xp.isfinite(rows)
-    rows = xp.where(finite, rows, 0.0)
-    count = xp.sum(xp.astype(finite, dtype), axis=-1)
-    norm = error_norm(rows, xp)
     lo2, hi2 = xp.reshape(lo, (rows.shape[0], -1)), xp.reshape(hi, (rows.shape[0], -1))
     scale, zero_point = calculate_qparams(lo2, hi2, spec, xp=xp)
-    errors = []
-    for k in range(lo2.shape[-1]):  # a static loop over the (few) candidates: one (C, N) temporary each
-        fq = fake_quantize(rows, scale[:, k:k + 1], zero_point[:, k:k + 1],
-                           quant_min=spec.quant_min, quant_max=spec.quant_max, xp=xp)
-        d = xp.where(finite, (fq - rows) / norm[:, None], 0.0)
-        errors.append(xp.sum(d * d, axis=-1) / xp.where(count > 0, count, 1.0))
-    return xp.reshape(xp.stack(errors, axis=-1), tuple(lo.shape))
+    host = host_view(rows, xp) if size(rows) > 0 else None
+    if host is not None and host.dtype in (np.float32, np.float64):
+        norm = error_norm(_reduced(xp.asarray(abs_max_kernel(host))[:, None], "max", collective), xp)
+        sums = fq_sums_kernel(
+            host, 1 / np.asarray(host_view(scale, xp), dtype=np.float64), *(np.asarray(host_view(a, xp), dtype=np.float64)
+            for a in (scale, zero_point, norm)), float(spec.quant_min), float(spec.quant_max),
+        )  # fmt: skip
+        sums, count = xp.asarray(sums[:, :-1]), xp.asarray(sums[:, -1])
+    else:
+        dtype = work_dtype(xp, device_of(x))
+        rows = xp.astype(rows, dtype)
+        finite = xp.isfinite(rows)
+        rows = xp.where(finite, rows, 0.0)
+        count = xp.sum(xp.astype(finite, dtype), axis=-1)
+        norm = error_norm(_reduced(xp.max(xp.abs(rows), axis=-1, keepdims=True) if size(rows) else
+                                   xp.zeros((rows.shape[0], 1), dtype=dtype, device=device_of(rows)),
+                                   "max", collective), xp)  # fmt: skip
+        sums = []
+        for k in range(lo2.shape[-1]):  # a static loop over the (few) candidates: one (C, N) temporary each
+            fq = fake_quantize(rows, scale[:, k:k + 1], zero_point[:, k:k + 1],
+                               quant_min=spec.quant_min, quant_max=spec.quant_max, xp=xp)
+            d = xp.where(finite, (fq - rows) / norm[:, None], 0.0)
+            sums.append(xp.sum(d * d, axis=-1))
+        sums = xp.stack(sums, axis=-1)
+    sums, count = _reduced(sums, "sum", collective), _reduced(count, "sum", collective)
+    return xp.reshape(sums / xp.where(count > 0, count, 1.0)[:, None], tuple(lo.shape))
 
 
-def _host_candidate_errors(host: np.ndarray, lo: Array, hi: Array, *, axis: int | None, spec: QuantSpec, xp: Any
-                           ) -> Array:
-    """:func:`candidate_errors` for host memory through the compiled kernels: one pass for the norm, one
-    for every candidate's error (no (C, N) float64 temporaries). The element values are the array
-    code's; only the order of the float64 sums differs."""
-    rows = host.reshape(1, -1) if axis is None else np.moveaxis(host, axis, 0).reshape(host.shape[axis], -1)
-    norm = error_norm(xp.asarray(abs_max_kernel(rows))[:, None], xp)
-    lo2, hi2 = xp.reshape(lo, (rows.shape[0], -1)), xp.reshape(hi, (rows.shape[0], -1))
-    scale, zero_point = calculate_qparams(lo2, hi2, spec, xp=xp)
-    scale = np.asarray(host_view(scale, xp), dtype=np.float64)
-    errors = fq_errors_kernel(
-        rows, 1 / scale, scale, np.asarray(host_view(zero_point, xp), dtype=np.float64),
-        np.asarray(host_view(norm, xp), dtype=np.float64), float(spec.quant_min), float(spec.quant_max),
-    )
-    return xp.reshape(xp.asarray(errors), tuple(lo.shape))
+def _reduced(x: Array, op: str, collective: Any) -> Array:
+    """``collective.<op>(x)``, or ``x`` itself without a collective."""
+    return x if collective is None else getattr(collective, op)(x)
 
 
 def mix_range(x: Array, hist: CalibHistogram, lo: Array, hi: Array, *, axis: int | None, config: CalibConfig,
-              xp: Any) -> tuple[Array, Array, Array]:
+              xp: Any, collective: Any = None) -> tuple[Array, Array, Array]:
     """MixObserver's batch result: every candidate of :data:`MIX_CANDIDATES` clips ``(lo, hi)``; the one
     of least :func:`candidate_errors` wins (the first among equals). ``(lo, hi, choice)``."""
     ranges = [clip_range(lo, hi, search_amax(m, hist, config, xp), xp) for m in MIX_CANDIDATES]
     lo_k = xp.stack([r[0] for r in ranges], axis=-1)
     hi_k = xp.stack([r[1] for r in ranges], axis=-1)
-    choice = xp.argmin(candidate_errors(x, lo_k, hi_k, axis=axis, spec=config.spec, xp=xp), axis=-1)
+    choice = xp.argmin(candidate_errors(x, lo_k, hi_k, axis=axis, spec=config.spec, xp=xp, collective=collective),
+                       axis=-1)
     picked = xp.arange(len(MIX_CANDIDATES), device=device_of(lo)) == choice[..., None]
     return xp.min(xp.where(picked, lo_k, INF), axis=-1), xp.max(xp.where(picked, hi_k, -INF), axis=-1), choice
 
 
-def batch_update(state: MinMaxState, x: Array, /, *, axis: int | None, config: CalibConfig, xp: Any
-                 ) -> tuple[MinMaxState, Array | None]:
+def batch_update(state: MinMaxState, x: Array, /, *, axis: int | None, config: CalibConfig, xp: Any,
+                 collective: Any = None) -> tuple[MinMaxState, Array | None]:
     """One batch of a per-batch method (percentile, MSE, mix): its clipped range averaged into ``state``;
-    also MixObserver's choice (``None`` otherwise). ``x`` must not be empty."""
-    hist = abs_histogram(x, axis=axis, bins=config.bins, xp=xp)
-    lo, hi = observed_range(x, axis=axis, xp=xp)
+    also MixObserver's choice (``None`` otherwise). ``x`` must not be empty, unless a collective makes
+    the batch every member's (then the histogram, range and Mix errors are every member's)."""
+    hist = abs_histogram(x, axis=axis, bins=config.bins, xp=xp, collective=collective)
+    lo, hi = observed_range(x, axis=axis, xp=xp, collective=collective)
     choice = None
     if config.method == "mix":
-        lo, hi, choice = mix_range(x, hist, lo, hi, axis=axis, config=config, xp=xp)
+        lo, hi, choice = mix_range(x, hist, lo, hi, axis=axis, config=config, xp=xp, collective=collective)
     else:
         lo, hi = clip_range(lo, hi, search_amax(config.method, hist, config, xp), xp)
     return average_range(state, lo, hi, config.averaging_constant, xp), choice
@@ -286,11 +292,13 @@ def kl_init(num_channels: int | None, *, bins: int, device: Any, xp: Any) -> KLA
     )
 
 
-def kl_accumulate(acc: KLAccumulator, x: Array, /, *, axis: int | None, xp: Any) -> KLAccumulator:
-    """``x`` counted into the histogram of ``|x|`` and the running finite range."""
+def kl_accumulate(acc: KLAccumulator, x: Array, /, *, axis: int | None, xp: Any, collective: Any = None
+                  ) -> KLAccumulator:
+    """``x`` counted into the histogram of ``|x|`` and the running finite range (with a collective,
+    every member's ``x``: exactly the accumulator of the concatenated batch)."""
     return KLAccumulator(
-        calib_histogram_update(acc.hist, x, axis=axis, absolute=True, xp=xp),
-        minmax_update(acc.seen, x, axis=axis, ignore_nonfinite=True, xp=xp),
+        calib_histogram_update(acc.hist, x, axis=axis, absolute=True, xp=xp, collective=collective),
+        minmax_update(acc.seen, x, axis=axis, ignore_nonfinite=True, xp=xp, collective=collective),
     )
 
 

@@ -30,11 +30,12 @@ from .._lowbit import (
     lowbit_spec,
     lowbit_stats,
 )
+from .._collective import check_collective, reduce_range
 from .._minmax import MinMaxState, minmax_init, minmax_merge
 from .._mx import BlockScale, check_block_size
-from .._namespace import array_namespace, normalize_axis
+from .._namespace import array_namespace, normalize_axis, size
 from .._qparams import QParams
-from .._validate import check_bool
+from .._validate import INF, check_bool
 
 __all__ = [
     "Config",
@@ -105,11 +106,22 @@ def check_axis(x: Array, spec: LowBitSpec) -> None:
         normalize_axis(spec.axis, x.ndim)
 
 
-def observe(state: MinMaxState | None, x: Array, /, *, spec: LowBitSpec, ignore_nonfinite: bool, xp: Any) -> MinMaxState:
+def observe(state: MinMaxState | None, x: Array, /, *, spec: LowBitSpec, ignore_nonfinite: bool, xp: Any,
+            collective: Any = None) -> MinMaxState:
     """``minmax_merge(state, lowbit_stats(x))`` (``state=None``: ``lowbit_stats(x)``, the dynamic mode and
     the first batch). The batch's statistics are cast to the state's dtype; a batch whose statistics
-    have another shape than the state's raises ``ValueError`` (shapes are static: safe under jit)."""
-    new = lowbit_stats(x, spec, ignore_nonfinite=ignore_nonfinite, xp=xp)
+    have another shape than the state's raises ``ValueError`` (shapes are static: safe under jit).
+
+    With a :class:`~observers_core.Collective` the batch statistics are every member's, merged
+    elementwise (``x`` must have the same shape on every member: the statistics of per-group and
+    per-block specs are positional), which is what observing the members' batches one after another
+    gives in the static mode; an empty ``x`` takes part as "nothing seen" once the state exists)."""
+    if check_collective(collective) is not None and size(x) == 0 and state is not None:
+        new = MinMaxState(xp.full_like(state.min_val, INF), xp.full_like(state.max_val, -INF))  # takes part
+    else:
+        new = lowbit_stats(x, spec, ignore_nonfinite=ignore_nonfinite, xp=xp)
+    if collective is not None:
+        new = MinMaxState(*reduce_range(new.min_val, new.max_val, collective))
     if state is None:
         return new
     if tuple(new.min_val.shape) != tuple(state.min_val.shape):
@@ -208,12 +220,13 @@ def init(config: Config, /, *, num_channels: int | None = None, device: Any = No
     return minmax_init(num_channels=1 if num_channels is None else num_channels, device=device, xp=xp)
 
 
-def update(config: Config, state: State | None, x: Array, /) -> State:
+def update(config: Config, state: State | None, x: Array, /, *, collective: Any = None) -> State:
     """Static: ``minmax_merge(state, lowbit_stats(x))``; dynamic (or ``state=None``): ``lowbit_stats(x)``.
-    ``ValueError`` if ``x``'s statistics have another shape than ``state``'s."""
+    ``ValueError`` if ``x``'s statistics have another shape than ``state``'s. With a collective, the
+    statistics of every member's ``x`` (see :func:`observe`)."""
     xp = array_namespace(x)
     return observe(None if config.is_dynamic else state, x, spec=config.spec,
-                   ignore_nonfinite=config.ignore_nonfinite, xp=xp)
+                   ignore_nonfinite=config.ignore_nonfinite, xp=xp, collective=collective)
 
 
 def merge(config: Config, a: State, b: State, /) -> State:
