@@ -39,10 +39,12 @@ from observers_core import CalibHistogram
 from observers_core._compiled import numpy_views
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import normalize_axis
+from observers_core._validate import check_bool
 
 from observers_core.families import calibration as family
 
 from . import _array_calibration as _base
+from ._torch_distributed import fold_merge, mean_of_replicas, merge_keys
 from ._torch_minmax import UniformQuantizationObserverBase, checked_input, to_core_dtype, to_core_qscheme
 
 
@@ -79,9 +81,12 @@ _ACC_BUFFERS = ("hist_counts", "hist_lo", "hist_width", "hist_min_val", "hist_ma
 
 
 class _CalibrationObserver(UniformQuantizationObserverBase):
-    """Shared by the four observers: configuration, buffers, the forward loop, state dict loading."""
+    """Shared by the four observers: configuration, buffers, the forward loop, state dict loading.
+    ``is_sync_quantize=True`` (Horizon's flag) is ``sync=True``: statistics synced per batch across the
+    default group (or ``process_group=``)."""
 
     _METHOD = ""
+    _REPLICA_MERGE = staticmethod(mean_of_replicas)  # sync_observers: the averaged ranges' mean
 
     min_val: torch.Tensor
     max_val: torch.Tensor
@@ -101,22 +106,23 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
         percentile=99.99,
         stride=1,
         update_interval=1,
+        sync=False,
         **kwargs,
     ) -> None:
+        sync = check_bool(sync, "sync") | check_bool(is_sync_quantize, "is_sync_quantize")
         config, per_channel = family.make_config(
             type(self).__name__, self._METHOD, dtype=to_core_dtype(dtype), qscheme=to_core_qscheme(qscheme),
             quant_min=quant_min, quant_max=quant_max, ch_axis=ch_axis, averaging_constant=averaging_constant,
             bins=bins, percentile=percentile, stride=stride, update_interval=update_interval,
-            is_sync_quantize=is_sync_quantize,
         )
         super().__init__(
-            dtype=dtype, qscheme=qscheme, quant_min=quant_min, quant_max=quant_max, factory_kwargs=factory_kwargs, **kwargs
+            dtype=dtype, qscheme=qscheme, quant_min=quant_min, quant_max=quant_max, factory_kwargs=factory_kwargs,
+            sync=sync, **kwargs,
         )
         self.config = config
         self.per_channel = per_channel
         self.ch_axis = int(ch_axis)
         self.averaging_constant = config.averaging_constant
-        self.is_sync_quantize = False
         self.last_choice: torch.Tensor | None = None
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
         if per_channel:
@@ -155,14 +161,15 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
                 self._buffers[name] = value.to(buf.dtype)
 
     def _observe(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> MinMaxState | None:
-        new, self.last_choice = _run(family.batch_update, state, x, axis=axis, config=self.config)
+        new, self.last_choice = _run(family.batch_update, state, x, axis=axis, config=self.config,
+                                     collective=self._collective())
         return new
 
     def forward(self, x_orig):
         r"""Observes ``x`` (see the class docstring); returns ``x`` itself. Errors leave the buffers untouched."""
         x = checked_input(x_orig, self._buffers["min_val"])
         axis = self._axis(x)
-        if x.numel() == 0:
+        if x.numel() == 0 and not self.sync:  # synced, an empty batch still takes part
             return x_orig
         new = self._observe(self._range_state(x, axis), x, axis)
         if new is not None:
@@ -305,6 +312,14 @@ class KLObserver(_CalibrationObserver):
         for name in _ACC_BUFFERS:
             self.register_buffer(name, torch.tensor([], device=device), persistent=False)
 
+    _SYNC_BUFFERS = ("min_val", "max_val", *_ACC_BUFFERS)
+
+    def _merge_replicas(self, states):
+        """sync_observers: the mean of the averaged ranges, and ``kl_merge`` of the accumulators (exact)."""
+        acc = merge_keys(states, _ACC_BUFFERS, fold_merge(family.kl_merge),
+                         wrap=lambda *v: family.KLAccumulator(CalibHistogram(*v[:5]), MinMaxState(*v[5:])))  # fmt: skip
+        return {**super()._merge_replicas(states), **acc}
+
     @property
     def accumulator(self) -> family.KLAccumulator | None:
         """The accumulated histogram of ``|x|`` and finite range (views of the non-persistent buffers;
@@ -324,7 +339,7 @@ class KLObserver(_CalibrationObserver):
                 f"x has {channels} channels along ch_axis={self.ch_axis} but the KL histogram holds "
                 f"{acc.seen.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
             )
-        acc = _run(family.kl_accumulate, acc, x, axis=axis)
+        acc = _run(family.kl_accumulate, acc, x, axis=axis, collective=self._collective())
         for name, value in zip(_ACC_BUFFERS, (*acc.hist, *acc.seen)):
             self._buffers[name] = value
         self.num_steps += 1

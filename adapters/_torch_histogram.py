@@ -52,6 +52,7 @@ from observers_core.families import histogram as family
 
 from ._array_histogram import check_dtype, check_loaded_state
 from ._array_observers import check_entry
+from ._torch_distributed import fold_merge, merge_keys
 from ._torch_minmax import (
     as_torch_entries,
     UniformQuantizationObserverBase,
@@ -151,6 +152,18 @@ class HistogramObserver(UniformQuantizationObserverBase):
                              "bins must not change after construction")  # fmt: skip
         return HistogramState(hist.float(), buffers["min_val"].float(), buffers["max_val"].float())
 
+    def _config(self) -> family.Config:
+        return family.Config(self.bins, self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite)
+
+    _SYNC_BUFFERS = ("histogram", "min_val", "max_val")
+
+    def _merge_replicas(self, states):
+        """sync_observers: the family ``merge`` folded in rank order (torch's re-binning onto the union
+        range; exact when the ranges agree, else within the bound of :mod:`observers_core.families.histogram`)."""
+        config = self._config()
+        return merge_keys(states, self._SYNC_BUFFERS, fold_merge(lambda a, b: family.merge(config, a, b)),
+                          wrap=lambda *v: HistogramState(*(t.float() for t in v)))  # fmt: skip
+
     def _store(self, state: HistogramState) -> None:
         buffers = self._buffers
         for name, value in zip(("histogram", "min_val", "max_val"), state):
@@ -160,13 +173,14 @@ class HistogramObserver(UniformQuantizationObserverBase):
     @torch.compiler.disable
     def forward(self, x_orig):
         r"""Adds ``x`` to the running histogram (see the class docstring); returns ``x`` itself. Empty
-        ``x``: nothing changes. Errors leave the buffers untouched."""
+        ``x``: nothing changes. Errors leave the buffers untouched. With ``sync``: every rank's ``x``
+        (the range is agreed first, then the integer counts are summed; an empty ``x`` takes part)."""
         hist = self._buffers["histogram"]
         x = checked_input(x_orig, hist)
-        if x.numel() == 0:
+        collective = self._collective()
+        if x.numel() == 0 and collective is None:
             return x_orig
-        config = family.Config(self.bins, self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite)
-        new, nonfinite = family.update_counting(config, self._state(), x)
+        new, nonfinite = family.update_counting(self._config(), self._state(), x, collective=collective)
         if not self.ignore_nonfinite:  # torch's warning for +/-inf, ours for NaN (counted while binning)
             infs, nans = nonfinite.tolist()
             if nans:

@@ -38,6 +38,7 @@ from . import _array_lowbit as _base
 from observers_core._validate import check_bool
 
 from ._array_observers import check_entry
+from ._torch_distributed import SyncMixin
 from ._torch_minmax import TORCH_XP, ObserverBase, as_torch_entries, checked_input
 from ._torch_pt2e import link_torchao, pt2e_observer
 
@@ -67,13 +68,17 @@ def _dtype_name(dtype: Any) -> Any:
 
 
 @pt2e_observer
-class LowBitObserver(ObserverBase):
+class LowBitObserver(SyncMixin, ObserverBase):
     r"""Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
 
     ``forward(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when
     ``is_dynamic``) and returns ``x``; ``calculate_qparams()`` is ``lowbit_qparams`` of the buffers:
     ``(scale, zero_point)`` for integers and fp8, ``BlockScale(scale, exponent)`` (uint8 E8M0 codes) for
     MX and BFP16. ``ignore_nonfinite=True`` skips NaN/+-Inf (BFP16 always does).
+
+    ``sync=True`` (keyword-only, with ``process_group=None``: the default group): each batch's statistics
+    are merged across the ranks before they are recorded (every rank's ``x`` must have the same shape,
+    an empty ``x`` takes part once the statistics exist), so every rank holds the same statistics.
     """
 
     _version = 1
@@ -96,6 +101,8 @@ class LowBitObserver(ObserverBase):
         is_dynamic=False,
         ignore_nonfinite=False,
         factory_kwargs=None,
+        sync=False,
+        process_group=None,
         **kwargs,
     ) -> None:
         link_torchao()
@@ -109,6 +116,7 @@ class LowBitObserver(ObserverBase):
         super().__init__(dtype=spec.dtype, is_dynamic=is_dynamic, **kwargs)
         self.spec = spec
         self.ignore_nonfinite = ignore_nonfinite
+        self._init_sync(sync, process_group)
         self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
         self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
 
@@ -124,10 +132,12 @@ class LowBitObserver(ObserverBase):
         min_val, max_val = buffers["min_val"], buffers["max_val"]
         x = checked_input(x_orig, min_val)
         lowbit_family.check_axis(x, self.spec)
-        if x.numel() == 0:
+        collective = self._collective()
+        if x.numel() == 0 and collective is None:  # synced, an empty batch still takes part
             return x_orig
         state = None if self.is_dynamic else self._state()
-        new = lowbit_family.observe(state, x, spec=self.spec, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP)
+        new = lowbit_family.observe(state, x, spec=self.spec, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP,
+                                    collective=collective)
         if state is None:
             buffers["min_val"], buffers["max_val"] = new.min_val, new.max_val
         else:

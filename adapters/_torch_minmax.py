@@ -28,6 +28,7 @@ from .._dtypes import parse_dtype
 from .._namespace import normalize_axis
 from .._validate import check_averaging_constant, check_bool
 from ._array_observers import check_entry, check_minmax_entries, host_array
+from ._torch_distributed import SyncMixin, mean_of_replicas
 from ._torch_pt2e import link_torchao, pt2e_observer
 
 __all__ = [
@@ -163,7 +164,7 @@ def checked_input(x_orig: Any, buffer: torch.Tensor) -> torch.Tensor:
 
 
 @pt2e_observer
-class UniformQuantizationObserverBase(ObserverBase):
+class UniformQuantizationObserverBase(SyncMixin, ObserverBase):
     r"""Common base of the observers that compute an affine/symmetric scale and zero point.
 
     Holds the configuration (``dtype``, ``qscheme``, ``reduce_range``, ``quant_min``/``quant_max``
@@ -177,6 +178,11 @@ class UniformQuantizationObserverBase(ObserverBase):
     ``dtype`` and ``qscheme`` take torch's objects (``torch.qint8``, ``torch.per_tensor_affine``) or
     the core's names (``"qint8"``, ``"per_tensor_affine"``, :class:`~observers_core.QScheme`); the
     attributes always hold torch's objects, as torch's tooling expects.
+
+    Every subclass takes the keyword-only ``sync=False`` and ``process_group=None`` (distributed
+    calibration): with ``sync=True`` each ``forward`` reduces the batch statistics across the group
+    (``None``: the default group) before the update, so every rank holds the state of one process
+    that saw the concatenation of all ranks' batches (see :mod:`observers_core.adapters.torch`).
     """
 
     # Version 1/None: no ``eps`` buffer. Version 2: ``eps``. Version 3: per-channel buffers renamed
@@ -197,6 +203,8 @@ class UniformQuantizationObserverBase(ObserverBase):
         is_dynamic=False,
         *,
         ignore_nonfinite=False,
+        sync=False,
+        process_group=None,
         **kwargs,
     ) -> None:
         link_torchao()
@@ -223,6 +231,7 @@ class UniformQuantizationObserverBase(ObserverBase):
         self.has_customized_qrange = spec.has_customized_qrange
         self.quant_min, self.quant_max = spec.quant_min, spec.quant_max
         self.ignore_nonfinite = ignore_nonfinite
+        self._init_sync(sync, process_group)
 
     def __setstate__(self, state):
         # Pickles written before ``ignore_nonfinite`` existed get the default.
@@ -295,7 +304,7 @@ class UniformQuantizationObserverBase(ObserverBase):
             )
 
     def _repr_suffix(self) -> str:
-        return ", ignore_nonfinite=True" if self.ignore_nonfinite else ""
+        return (", ignore_nonfinite=True" if self.ignore_nonfinite else "") + (", sync=True" if self.sync else "")
 
     def reset_min_max_vals(self):
         raise NotImplementedError("Cannot reset min/max values in the given observer.")
@@ -360,17 +369,19 @@ class MinMaxObserver(UniformQuantizationObserverBase):
         self.register_buffer("max_val", torch.tensor(-_INF, **factory_kwargs))
         _check_symmetric_reduce_range(self)
 
-    def _update(self, state: MinMaxState, x: torch.Tensor) -> MinMaxState:
-        return minmax_update(state, x, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP)
+    def _update(self, state: MinMaxState, x: torch.Tensor, collective) -> MinMaxState:
+        return minmax_update(state, x, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP, collective=collective)
 
     def forward(self, x_orig):
-        r"""Records the running minimum and maximum of ``x``; returns ``x`` itself."""
+        r"""Records the running minimum and maximum of ``x`` (with ``sync``, of every rank's ``x``);
+        returns ``x`` itself."""
         buffers = self._buffers  # one dict lookup instead of nn.Module.__getattr__ per access
         min_val, max_val = buffers["min_val"], buffers["max_val"]
         x = checked_input(x_orig, min_val)
-        if x.numel() == 0:
+        collective = self._collective()
+        if x.numel() == 0 and collective is None:  # with a collective, an empty batch still takes part
             return x_orig
-        new = self._update(MinMaxState(min_val, max_val), x)
+        new = self._update(MinMaxState(min_val, max_val), x, collective)
         min_val.copy_(new.min_val)
         max_val.copy_(new.max_val)
         return x_orig
@@ -432,10 +443,14 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
         )
         self.averaging_constant = averaging_constant
 
-    def _update(self, state: MinMaxState, x: torch.Tensor) -> MinMaxState:
+    def _update(self, state: MinMaxState, x: torch.Tensor, collective) -> MinMaxState:
         return moving_average_update(
-            state, x, averaging_constant=self.averaging_constant, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP
+            state, x, averaging_constant=self.averaging_constant, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP,
+            collective=collective,
         )
+
+    #: sync_observers: the mean of the replicas' moving averages
+    _REPLICA_MERGE = staticmethod(mean_of_replicas)
 
 
 class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
@@ -490,8 +505,9 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
         self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
         _check_symmetric_reduce_range(self)
 
-    def _update(self, state: MinMaxState, x: torch.Tensor, axis: int) -> MinMaxState:
-        return minmax_update(state, x, axis=axis, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP)
+    def _update(self, state: MinMaxState, x: torch.Tensor, axis: int, collective) -> MinMaxState:
+        return minmax_update(state, x, axis=axis, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP,
+                             collective=collective)
 
     def forward(self, x_orig):
         r"""Records the running per-channel minimum and maximum of ``x``; returns ``x`` itself."""
@@ -501,7 +517,8 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
         buffers = self._buffers
         min_val, max_val = buffers["min_val"], buffers["max_val"]
         x = checked_input(x_orig, min_val)
-        if x.numel() == 0:
+        collective = self._collective()
+        if x.numel() == 0 and collective is None:  # with a collective, an empty batch still takes part
             return x_orig
         axis = normalize_axis(self.ch_axis, x.ndim, name="ch_axis")
         channels = x.shape[axis]
@@ -521,7 +538,7 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
             )
         else:
             state = MinMaxState(min_val, max_val)
-        new = self._update(state, x, axis)
+        new = self._update(state, x, axis, collective)
         if min_val.shape != new.min_val.shape:
             min_val = self._resize_buffer("min_val", new.min_val.shape)
             max_val = self._resize_buffer("max_val", new.max_val.shape)
@@ -620,7 +637,7 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
         )
         self.averaging_constant = averaging_constant
 
-    def _update(self, state: MinMaxState, x: torch.Tensor, axis: int) -> MinMaxState:
+    def _update(self, state: MinMaxState, x: torch.Tensor, axis: int, collective) -> MinMaxState:
         return moving_average_update(
             state,
             x,
@@ -628,7 +645,10 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
             axis=axis,
             ignore_nonfinite=self.ignore_nonfinite,
             xp=TORCH_XP,
+            collective=collective,
         )
+
+    _REPLICA_MERGE = staticmethod(mean_of_replicas)
 
 
 # ``HistogramObserver(UniformQuantizationObserverBase)`` (module ``_torch_histogram``, re-exported at the

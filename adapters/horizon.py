@@ -29,10 +29,11 @@ calibration observers.
 ``dtype`` takes torch's dtypes (``torch.qint8``) and Horizon's names: ``"qint8"``, ``"quint8"``,
 ``"qint16"`` (``[-2**15, 2**15 - 1]``), ``"quint16"`` (``[0, 2**16 - 1]``), ``"quint4"`` (``[0, 15]``,
 torch's ``quint4x2``), ``"qint32"``; ``quant_min``/``quant_max`` narrow the range (e.g. ``qint4`` as
-``dtype="qint8", quant_min=-8, quant_max=7``). ``is_sync_quantize=True`` raises
-``NotImplementedError`` (nothing is synchronised across devices; merge replicas' statistics with
-``observers_core.moving_average_merge``), as the calibration observers do. ``factory_kwargs`` go to
-the buffers.
+``dtype="qint8", quant_min=-8, quant_max=7``). ``is_sync_quantize=True`` ("sync statistics when
+training with multiple devices") syncs every batch's min/max across ``torch.distributed``'s default
+group (or ``process_group=``), as ``sync=True`` does on every torch observer of ours: each rank then
+holds the state of one process that saw all ranks' batches (README, "Distributed calibration").
+``factory_kwargs`` go to the buffers.
 """
 
 from __future__ import annotations
@@ -64,12 +65,6 @@ __all__ = [
     "PerChannelMinMaxObserver",
 ]
 
-_SYNC_MESSAGE = (
-    "is_sync_quantize=True is not implemented: statistics are not synchronised across devices. "
-    "Merge replicas' min/max with observers_core.moving_average_merge yourself"
-)
-
-
 def _check_horizon_args(owner: str, ch_axis, dtype, qscheme, is_sync_quantize) -> bool:
     """Validate the Horizon-only arguments; ``True`` when ``ch_axis`` asks for per-channel ranges."""
     if isinstance(ch_axis, bool) or not isinstance(ch_axis, numbers.Integral):
@@ -85,9 +80,13 @@ def _check_horizon_args(owner: str, ch_axis, dtype, qscheme, is_sync_quantize) -
             f"ch_axis={ch_axis} observes {'per channel' if per_channel else 'per tensor'} and needs {wanted}, "
             f"got qscheme={scheme.value!r} ({owner})"
         )
-    if check_bool(is_sync_quantize, "is_sync_quantize"):
-        raise NotImplementedError(_SYNC_MESSAGE)
+    check_bool(is_sync_quantize, "is_sync_quantize")
     return per_channel
+
+
+def _with_sync(is_sync_quantize, kwargs: dict) -> dict:
+    """``kwargs`` with ``sync=True`` when ``is_sync_quantize`` (Horizon's flag) or ``sync`` asks for it."""
+    return {**kwargs, "sync": bool(is_sync_quantize) or kwargs.get("sync", False)}
 
 
 class MinMaxObserver(MovingAverageMinMaxObserver):
@@ -131,10 +130,9 @@ class MinMaxObserver(MovingAverageMinMaxObserver):
             raise ValueError(f"ch_axis={ch_axis} is per channel: use PerChannelMinMaxObserver")
         super().__init__(
             averaging_constant=averaging_constant, dtype=dtype, qscheme=qscheme, quant_min=quant_min,
-            quant_max=quant_max, factory_kwargs=factory_kwargs, **kwargs,
+            quant_max=quant_max, factory_kwargs=factory_kwargs, **_with_sync(is_sync_quantize, kwargs),
         )
         self.ch_axis = int(ch_axis)
-        self.is_sync_quantize = False
 
 
 class PerChannelMinMaxObserver(MovingAveragePerChannelMinMaxObserver):
@@ -159,8 +157,8 @@ class PerChannelMinMaxObserver(MovingAveragePerChannelMinMaxObserver):
             raise ValueError(f"ch_axis={ch_axis} is per tensor: use MinMaxObserver")
         super().__init__(
             averaging_constant=averaging_constant, ch_axis=ch_axis, dtype=dtype, qscheme=qscheme,
-            quant_min=quant_min, quant_max=quant_max, factory_kwargs=factory_kwargs, **kwargs,
+            quant_min=quant_min, quant_max=quant_max, factory_kwargs=factory_kwargs,
+            **_with_sync(is_sync_quantize, kwargs),
         )
-        self.is_sync_quantize = False
 
 adopt_public_names(globals())

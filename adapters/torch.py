@@ -16,6 +16,12 @@ Example::
     qconfig = QConfig(activation=MinMaxObserver.with_args(reduce_range=True),
                       weight=default_per_channel_weight_observer)
 
+Distributed calibration (``torch.distributed``): every observer with statistics takes the keyword-only
+``sync=False, process_group=None``; with ``sync=True`` each ``forward`` reduces the batch statistics
+across the group (:class:`TorchCollective`) so every rank holds the state of one process that saw all
+ranks' batches. :func:`sync_observers` merges a prepared model's observers across ranks after
+calibration instead. Semantics per family and bytes per batch: README, "Distributed calibration".
+
 Deliberate differences from torch are listed, each with the test that pins it, in README.md
 ("Differences from torch.ao"). The observers are eager-only for ``torch.jit.script``; ``FusedMovingAvgObsFakeQuantize``
 and ``FixedQParamsFakeQuantize`` insist on torch's own observer classes.
@@ -25,13 +31,15 @@ from __future__ import annotations
 
 from . import adopt_public_names
 
-from . import _torch_calibration, _torch_histogram, _torch_lowbit, _torch_minmax
+from . import _torch_calibration, _torch_distributed, _torch_histogram, _torch_lowbit, _torch_minmax
 from ._torch_minmax import *  # noqa: F401,F403
 from ._torch_histogram import *  # noqa: F401,F403
 from ._torch_calibration import *  # noqa: F401,F403
 from ._torch_lowbit import *  # noqa: F401,F403
+from ._torch_distributed import *  # noqa: F401,F403
 
 __all__ = (
     _torch_minmax.__all__ + _torch_histogram.__all__ + _torch_calibration.__all__ + _torch_lowbit.__all__
+    + _torch_distributed.__all__
 )
 adopt_public_names(globals())
