@@ -10,6 +10,11 @@ average are those of :mod:`observers_core.adapters._array_calibration` (see its 
 formulas and the deliberate differences from Horizon); ``dtype`` takes names or torch dtypes
 (``torch.qint8``), ``qscheme`` torch's objects or names. The observers are eager-only.
 
+Unlike the array observers, these take Horizon's ``is_sync_quantize=True`` (or ``sync=True``,
+``process_group=``): every batch's histogram counts, ranges and Mix errors are reduced across the
+``torch.distributed`` group before the update, so every rank holds the state of one process that saw
+every rank's batch (KL: the accumulator). ``sync_observers`` merges unsynced replicas afterwards.
+
 Horizon's ``observer_v2.MinMaxObserver`` (moving average, ``ch_axis=-1``, qint8 symmetric) is not
 exported under that name here (torch's ``MinMaxObserver`` owns it): it is
 ``observers_core.adapters.horizon.MinMaxObserver`` (Horizon's signature, with these four classes), built on
@@ -316,7 +321,7 @@ class KLObserver(_CalibrationObserver):
 
     def _merge_replicas(self, states):
         """sync_observers: the mean of the averaged ranges, and ``kl_merge`` of the accumulators (exact)."""
-        acc = merge_keys(states, _ACC_BUFFERS, fold_merge(family.kl_merge),
+        acc = merge_keys(states, _ACC_BUFFERS, fold_merge(lambda a, b: _run(family.kl_merge, a, b)),
                          wrap=lambda *v: family.KLAccumulator(CalibHistogram(*v[:5]), MinMaxState(*v[5:])))  # fmt: skip
         return {**super()._merge_replicas(states), **acc}
 
