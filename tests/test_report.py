@@ -50,6 +50,13 @@ def files(tmp_path_factory):
     return d
 
 
+@pytest.fixture(autouse=True)
+def _wide_console(monkeypatch):
+    """rich sizes the table to the terminal (80 columns without one, e.g. under pytest-xdist): a fixed
+    width keeps every column in the text the tests read."""
+    monkeypatch.setenv("COLUMNS", "200")
+
+
 def _run(argv, capsys):
     rc = main(argv)
     out, err = capsys.readouterr()
