@@ -12,9 +12,10 @@ Each family module holds
 
 Adapters (``observers_core.adapters``) hold state and call these; they import only public names.
 
-Modules so far: :mod:`~observers_core.families.histogram` (torch's HistogramObserver: binning, combine,
-L2 search), :mod:`~observers_core.families.lowbit` (per-group int, fp8, MX, BFP16) and
+Modules: :mod:`~observers_core.families.minmax` (running range and moving average, per tensor and per
+channel), :mod:`~observers_core.families.histogram` (torch's HistogramObserver: binning, combine, L2
+search), :mod:`~observers_core.families.lowbit` (per-group int, fp8, MX, BFP16) and
 :mod:`~observers_core.families.calibration` (KL, MSE, percentile, Mix: configuration, per-batch update,
-the KL accumulator and its merge; not yet in the init/update/merge/qparams shape). The min/max family
-still lives in ``observers_core._minmax``.
+the KL accumulator and its merge; not yet in the init/update/merge/qparams shape). Updates take
+``collective=`` (:class:`observers_core.Collective`) to combine every member's batch of one step.
 """
