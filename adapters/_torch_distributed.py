@@ -47,35 +47,50 @@ class TorchCollective:
     and returns the same kind, shape and dtype; the input is never modified.
 
     ``min``/``max``: NaN wins (an entry NaN on any rank is NaN everywhere), made explicit because gloo's
-    MIN/MAX with NaN depends on the order: each call all-reduces one buffer of twice the size, the
-    values with NaN replaced by ``+inf`` (min) / ``-inf`` (max) next to a flag (``-1``/``+1`` for NaN).
-    ``sum``: one all-reduce (integers exactly).
+    MIN/MAX with NaN depends on the order: one all-reduce MIN of twice the size, the values with NaN
+    replaced by ``+inf`` next to a ``-1`` flag for NaN (``max(x)`` is ``-min(-x)``, exact). ``min_max(lo,
+    hi)``: both in one all-reduce (for a core that asks for them together). ``sum``: one all-reduce
+    (integers exactly).
     """
 
     def __init__(self, process_group: Any = None) -> None:
         self.process_group = _check_group(process_group)
 
     def min(self, x: Any, /) -> Any:
-        return self._extreme(x, dist.ReduceOp.MIN, _INF, -1.0)
+        t, back = _as_tensor(x)
+        return back(self._min(t))
 
     def max(self, x: Any, /) -> Any:
-        return self._extreme(x, dist.ReduceOp.MAX, -_INF, 1.0)
+        t, back = _as_tensor(x)
+        if t.is_floating_point():
+            return back(-self._min(-t))
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.process_group)
+        return back(t)
+
+    def min_max(self, lo: Any, hi: Any, /) -> tuple[Any, Any]:
+        """``(min(lo), max(hi))`` in one all-reduce when both are floating of one dtype (else two)."""
+        a, back_a = _as_tensor(lo)
+        b, back_b = _as_tensor(hi)
+        if not (a.is_floating_point() and a.dtype == b.dtype):
+            return self.min(lo), self.max(hi)
+        both = self._min(torch.cat([a.reshape(-1), -b.reshape(-1)]))
+        return back_a(both[:a.numel()].reshape(a.shape)), back_b((-both[a.numel():]).reshape(b.shape))
 
     def sum(self, x: Any, /) -> Any:
         t, back = _as_tensor(x)
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.process_group)
         return back(t)
 
-    def _extreme(self, x: Any, op: Any, fill: float, flag: float) -> Any:
-        t, back = _as_tensor(x)
+    def _min(self, t: torch.Tensor) -> torch.Tensor:
+        """The group's elementwise minimum of ``t`` (a fresh tensor: reduced in place), NaN winning."""
         if not t.is_floating_point():
-            dist.all_reduce(t, op=op, group=self.process_group)
-            return back(t)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.process_group)
+            return t
         nan = torch.isnan(t).reshape(-1)
-        packed = torch.cat([torch.where(nan, fill, t.reshape(-1)), nan.to(t.dtype) * flag])
-        dist.all_reduce(packed, op=op, group=self.process_group)
+        packed = torch.cat([torch.where(nan, _INF, t.reshape(-1)), -nan.to(t.dtype)])
+        dist.all_reduce(packed, op=dist.ReduceOp.MIN, group=self.process_group)
         n = t.numel()
-        return back(torch.where(packed[n:] != 0, float("nan"), packed[:n]).reshape(t.shape))
+        return torch.where(packed[n:] < 0, float("nan"), packed[:n]).reshape(t.shape)
 
 
 def _as_tensor(x: Any) -> tuple[torch.Tensor, Any]:

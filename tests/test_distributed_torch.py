@@ -327,6 +327,11 @@ def _check_errors(results, ot, rank, world):
         assert hi[0] == world - 1 and np.isnan(hi[1])
         assert np.isnan(x[1]) == (rank == world - 1), "the input was modified"
         assert total.dtype == np.int64 and total.tolist() == [world * (world + 1) // 2]
+        t = torch.randn(3, 5, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)
+        t[rank % 3, 1] = float("nan")
+        lo2, hi2 = c.min_max(t, t * 2)  # one all_reduce for both
+        assert _same(lo2, c.min(t)) and _same(hi2, c.max(t * 2)) and torch.isnan(lo2[:, 1]).sum() == min(world, 3)
+        assert c.min_max(np.array([rank]), np.array([-rank])) == (0, 0)  # integers: two calls
 
 
 def _raises(error, match, fn, *args, **kwargs):
@@ -454,7 +459,7 @@ def test_mismatches_raise_on_every_rank_and_bad_arguments(run):
 def test_a_dead_rank_gives_the_others_an_error_within_the_timeout(tmp_path):
     start = time.monotonic()
     ranks = _spawn("dies", 2, tmp_path)
-    assert time.monotonic() - start < 60
+    assert time.monotonic() - start < 120  # two process starts (torch imports) on a loaded machine, then the error
     assert ranks[1][0] == 3
     code, results, output = ranks[0]
     assert code == 0 and results is not None, output[-3000:]
