@@ -1,0 +1,171 @@
+"""One table for every public observer class on every CPU backend (numpy, array_api_strict, torch, JAX):
+the same configurations are accepted or rejected, rejected ones with the same error, and accepted ones
+give the same qparams and ranges, bit for bit, on the same batches (an empty batch among them).
+
+The error rule: every backend raises the numpy observer's exception type, except that the torch
+observers may raise the type torch.ao's own class raises for the same configuration (torch's
+``NotImplementedError`` for a wrong qscheme, its bare ``Exception`` from ``PlaceholderObserver``), found
+by running the installed torch.ao class here, not written down.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+jax = pytest.importorskip("jax")
+array_api_strict = pytest.importorskip("array_api_strict")
+
+import jax.numpy as jnp  # noqa: E402
+import torch.ao.quantization.observer as tao  # noqa: E402
+
+import observers_core.adapters.jax as jax_observers  # noqa: E402
+import observers_core.adapters.torch as torch_observers  # noqa: E402
+from observers_core.adapters import _array_calibration, _array_histogram, _array_lowbit, _array_observers  # noqa: E402
+
+GENERIC = {
+    name: getattr(module, name)
+    for module in (_array_observers, _array_histogram, _array_calibration, _array_lowbit)
+    for name in module.__all__
+}
+TORCH_DTYPES = {"quint8": torch.quint8, "qint8": torch.qint8, "qint32": torch.qint32, "float16": torch.float16,
+                "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}  # fmt: skip
+
+SYM = {"dtype": "qint8", "qscheme": "per_tensor_symmetric"}
+PER_CH_SYM = {"ch_axis": 1, "qscheme": "per_channel_symmetric", "bins": 512}
+CASES = [
+    ("MinMaxObserver", {}),
+    ("MinMaxObserver", SYM),
+    ("MinMaxObserver", {"reduce_range": True}),
+    ("MinMaxObserver", {"quant_min": 0, "quant_max": 15}),
+    ("MinMaxObserver", {"quant_min": 5, "quant_max": 3}),
+    ("MinMaxObserver", {"qscheme": "per_channel_affine"}),
+    ("MinMaxObserver", {"dtype": "qint32"}),
+    ("MinMaxObserver", {"eps": 0.0}),
+    ("MinMaxObserver", {"eps": -1.0}),
+    ("MinMaxObserver", {"dtype": "float16"}),
+    ("MinMaxObserver", {"is_dynamic": True}),
+    ("MovingAverageMinMaxObserver", {"averaging_constant": 0.0}),
+    ("MovingAverageMinMaxObserver", {"averaging_constant": 1.0}),
+    ("MovingAverageMinMaxObserver", {"averaging_constant": 1.5}),
+    ("MovingAverageMinMaxObserver", {"averaging_constant": -0.1}),
+    ("MovingAverageMinMaxObserver", {"averaging_constant": 0.3, "reduce_range": True, **SYM}),
+    ("MovingAverageMinMaxObserver", {"is_dynamic": True}),
+    ("MovingAverageMinMaxObserver", {"is_dynamic": True, "averaging_constant": 1.0}),
+    ("PerChannelMinMaxObserver", {"ch_axis": 1}),
+    ("PerChannelMinMaxObserver", {"ch_axis": 1, "qscheme": "per_channel_symmetric", "dtype": "qint8"}),
+    ("PerChannelMinMaxObserver", {"ch_axis": 1, "qscheme": "per_tensor_affine"}),
+    ("PerChannelMinMaxObserver", {"ch_axis": 7}),
+    ("PerChannelMinMaxObserver", {"ch_axis": -1}),
+    ("PerChannelMinMaxObserver", {"ch_axis": 1, "qscheme": "per_channel_affine_float_qparams"}),
+    ("MovingAveragePerChannelMinMaxObserver", {"ch_axis": 1, "averaging_constant": 0.5}),
+    ("MovingAveragePerChannelMinMaxObserver", {"ch_axis": 1, "averaging_constant": 2.0}),
+    ("HistogramObserver", {"bins": 64}),
+    ("HistogramObserver", {"bins": 64, **SYM}),
+    ("HistogramObserver", {"bins": 0}),
+    ("HistogramObserver", {"bins": 64, "upsample_rate": 4}),
+    ("HistogramObserver", {"qscheme": "per_channel_affine"}),
+    ("HistogramObserver", {"bins": 64, "reduce_range": True}),
+    ("KLObserver", {"bins": 512}),
+    ("KLObserver", {"bins": 512, "update_interval": 2}),
+    ("KLObserver", {"bins": 64}),
+    ("KLObserver", PER_CH_SYM),
+    ("KLObserver", {"update_interval": 0}),
+    ("MSEObserver", {"bins": 512}),
+    ("MSEObserver", {"stride": 0}),
+    ("MSEObserver", PER_CH_SYM),
+    ("PercentileObserver", {"percentile": 99.0, "bins": 512}),
+    ("PercentileObserver", {"percentile": 150.0}),
+    ("PercentileObserver", {"percentile": 0.0}),
+    ("MixObserver", {"bins": 512}),
+    ("MixObserver", {"averaging_constant": 0.5, "dtype": "quint8", "qscheme": "per_tensor_affine", "bins": 512}),
+    ("FixedQParamsObserver", {"scale": 0.1, "zero_point": 3}),
+    ("FixedQParamsObserver", {"scale": -1.0, "zero_point": 0}),
+    ("PlaceholderObserver", {}),
+    ("NoopObserver", {}),
+    ("PerGroupMinMaxObserver", {"group_size": 4}),
+    ("PerGroupMinMaxObserver", {"group_size": 3}),
+    ("PerGroupMinMaxObserver", {"dtype": "int8", "group_size": 8, "symmetric": True}),
+    ("FP8Observer", {}),
+    ("FP8Observer", {"dtype": "float8_e5m2"}),
+    ("FP8Observer", {"dtype": "int8"}),
+    ("PerBlockMXObserver", {"block_size": 8}),
+    ("PerBlockMXObserver", {"dtype": "mxfp4", "block_size": 8}),
+    ("PerBlockMXObserver", {"block_size": 0}),
+    ("PerBlockBFPObserver", {}),
+    ("PerBlockBFPObserver", {"block_size": 3}),
+]
+
+_rng = np.random.default_rng(0)
+BATCHES = [(_rng.standard_normal((2, 4, 8)) * 10.0 ** _rng.uniform(-2, 2)).astype(np.float32) for _ in range(3)]
+BATCHES.insert(1, np.zeros((0, 4, 8), np.float32))  # an empty batch: a no-op everywhere
+
+
+def _torch_kwargs(kwargs: dict) -> dict:
+    out = dict(kwargs)
+    if out.get("dtype") in TORCH_DTYPES:
+        out["dtype"] = TORCH_DTYPES[out["dtype"]]
+    if isinstance(out.get("qscheme"), str):
+        out["qscheme"] = getattr(torch, out["qscheme"])
+    return out
+
+
+BACKENDS = {
+    "numpy": (lambda name, kw: GENERIC[name](**kw), lambda a: a),
+    "array_api_strict": (lambda name, kw: GENERIC[name](**kw, xp=array_api_strict), array_api_strict.asarray),
+    "torch": (lambda name, kw: getattr(torch_observers, name)(**_torch_kwargs(kw)), torch.from_numpy),
+    "jax": (lambda name, kw: getattr(jax_observers, name)(**kw), jnp.asarray),
+}
+
+
+def _outcome(make, name: str, kwargs: dict, convert) -> tuple:
+    """``("rejected" | "failed", exception)`` or ``("ok", [qparams and range as float64 arrays])``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "must run observer" and torch's own warnings are not compared
+        try:
+            obs = make(name, kwargs)
+        except Exception as e:  # noqa: BLE001  (the type is compared)
+            return "rejected", e
+        try:
+            for batch in BATCHES:
+                obs(convert(batch.copy()))
+            q = obs.calculate_qparams()
+        except Exception as e:  # noqa: BLE001
+            return "failed", e
+    values = list(q) if isinstance(q, tuple) else [q]
+    values += [getattr(obs, k) for k in ("min_val", "max_val") if getattr(obs, k, None) is not None]
+    return "ok", [np.asarray(v, dtype=np.float64) for v in values]
+
+
+def _torch_ao_error(name: str, kwargs: dict) -> type | None:
+    """The exception type the installed torch.ao class raises for this configuration and these batches."""
+    cls = getattr(tao, name, None)
+    if cls is None:
+        return None
+    outcome = _outcome(lambda n, kw: cls(**_torch_kwargs(kw)), name, kwargs, torch.from_numpy)
+    return type(outcome[1]) if outcome[0] != "ok" else None
+
+
+@pytest.mark.parametrize(("name", "kwargs"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
+def test_every_backend_agrees(name, kwargs):
+    outcomes = {backend: _outcome(make, name, kwargs, convert) for backend, (make, convert) in BACKENDS.items()}
+    kind, reference = outcomes["numpy"]
+    for backend, (got_kind, got) in outcomes.items():
+        assert got_kind == kind, (backend, got_kind, got, kind, reference)
+        if kind == "ok":
+            assert len(got) == len(reference), backend
+            for a, b in zip(got, reference):
+                np.testing.assert_array_equal(a, b, err_msg=f"{backend} {name} {kwargs}")
+        elif not isinstance(got, type(reference)):
+            allowed = _torch_ao_error(name, kwargs) if backend == "torch" else None
+            assert allowed is not None and isinstance(got, allowed), (backend, got, reference, allowed)
+
+
+def test_the_table_covers_every_public_observer_class():
+    public = {n for n in jax_observers.__all__ if n.endswith("Observer") and n != "LowBitObserver"}
+    assert public <= {name for name, _ in CASES}, public - {name for name, _ in CASES}
+    assert {kind for kind, _ in (_outcome(*BACKENDS["numpy"][:1], n, kw, lambda a: a) for n, kw in CASES)} == {
+        "ok", "rejected", "failed"}  # fmt: skip
