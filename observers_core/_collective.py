@@ -13,6 +13,9 @@ the same shape and dtype, on the same device:
   propagates through a single process's ``min``/``max``;
 - ``sum(x)``: integer arrays are summed exactly.
 
+It may also have ``min_max(lo, hi) -> (min(lo), max(hi))``, used where an update needs both (one
+round trip instead of two).
+
 Backends supply it: :func:`observers_core.adapters.torch.TorchCollective` (``torch.distributed``) and the
 JAX adapter's (``lax.pmin``/``pmax``/``psum`` over a named axis).
 """
@@ -48,7 +51,10 @@ def check_collective(collective: Any) -> Any:
 
 
 def reduce_range(lo: Array, hi: Array, collective: Any) -> tuple[Array, Array]:
-    """``(collective.min(lo), collective.max(hi))``; ``(lo, hi)`` itself without a collective."""
+    """``(collective.min(lo), collective.max(hi))`` (by its ``min_max`` where it has one); ``(lo, hi)``
+    itself without a collective."""
     if collective is None:
         return lo, hi
+    if hasattr(collective, "min_max"):
+        return collective.min_max(lo, hi)
     return collective.min(lo), collective.max(hi)
