@@ -267,7 +267,8 @@ def sync_observers(model: torch.nn.Module, process_group: Any = None) -> int:
       ranges agree, else within the bound of :mod:`observers_core.families.histogram`);
     - KLObserver's accumulated histogram and range: ``kl_merge`` (exact); ``num_steps`` stays per rank.
 
-    A rank that saw nothing contributes nothing. Two collectives for the check (``all_gather_object`` of
+    A rank that saw nothing contributes nothing. Observers with ``sync=True`` are left alone (every rank
+    already holds the same state; merging it again would count histograms once per rank). Two collectives for the check (``all_gather_object`` of
     a fingerprint: class, configuration, state shapes), then one ``all_gather`` per buffer dtype.
     ``ValueError`` on every rank when the ranks' observers, configurations or shapes differ.
     """
@@ -275,7 +276,7 @@ def sync_observers(model: torch.nn.Module, process_group: Any = None) -> int:
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_group(process_group)
     _check_initialized("sync_observers")
-    observers = [(name, m) for name, m in model.named_modules() if isinstance(m, SyncMixin)]
+    observers = [(name, m) for name, m in model.named_modules() if isinstance(m, SyncMixin) and not m.sync]
     states = [m._sync_state() for _, m in observers]
     fingerprints = [(name, m._sync_fingerprint(), {k: (tuple(v.shape), str(v.dtype)) for k, v in s.items()})
                     for (name, m), s in zip(observers, states)]  # fmt: skip

@@ -206,6 +206,12 @@ def _check_sync_observers(results, ot, hz, rank, world):
         assert _same(tuple(model["KL"].accumulator), tuple(single.accumulator))
     single = _unsynced(families["Histogram"][0], everything)
     check("Histogram", (single.histogram, single.min_val, single.max_val), keys=("histogram", "min_val", "max_val"))
+    with _record(results, "sync_observers:synced observers are left alone"):
+        synced = ot.HistogramObserver(bins=128, sync=True)
+        synced(_batch(rank, 2))
+        before = copy.deepcopy(synced.state_dict())
+        assert ot.sync_observers(torch.nn.Sequential(synced, ot.MinMaxObserver())) == 1
+        _states_equal(synced, _with_state(ot.HistogramObserver(bins=128), before))
     with _record(results, "sync_observers:Histogram other ranges: the family merge, counts kept"):
         wide = [[_batch(5000 + r, 3, scale=1 + r)] for r in range(world)]
         obs = torch.nn.Sequential(_unsynced(families["Histogram"][0], wide[rank]))
@@ -254,6 +260,11 @@ def _check_prepared_models(results, ot, rank, world, pt2e):
             assert a.keys() == b.keys()
             for key in a:
                 assert _same(a[key], b[key]), key
+
+
+def _with_state(obs, state_dict):
+    obs.load_state_dict(state_dict)
+    return obs
 
 
 def _with_qconfig(m, qconfig):
@@ -442,7 +453,7 @@ def test_nan_on_one_rank(run):
 
 
 def test_sync_observers_after_unsynced_calibration(run):
-    _assert_checks(run, "sync_observers:", 17)
+    _assert_checks(run, "sync_observers:", 18)
 
 
 def test_prepared_models(run):
