@@ -268,10 +268,10 @@ def sync_observers(model: torch.nn.Module, process_group: Any = None) -> int:
     - KLObserver's accumulated histogram and range: ``kl_merge`` (exact); ``num_steps`` stays per rank.
 
     A rank that saw nothing contributes nothing. Observers with ``sync=True`` are left alone (every rank
-    already holds the same state; merging it again would count histograms once per rank). Two collectives for the check (``all_gather_object`` of
-    a fingerprint: class, configuration, state shapes), then one ``all_gather`` per buffer dtype.
-    ``ValueError`` on every rank when the ranks' observers, configurations or shapes differ.
-    """
+    holds the same state already; merging it again would count histograms once per rank). One
+    ``all_gather_object`` of a fingerprint (class, configuration, state shapes) checks the ranks agree
+    (``ValueError`` on every rank otherwise), then one ``all_gather`` per buffer dtype, on the device of
+    the observers' buffers (CUDA for NCCL)."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_group(process_group)
@@ -288,7 +288,7 @@ def sync_observers(model: torch.nn.Module, process_group: Any = None) -> int:
     for i, layout in enumerate(layouts):
         for key, (shape, dtype) in layout.items():
             by_dtype.setdefault(dtype, []).append((i, key, shape))
-    device = next((v.device for s in states for v in s.values()), torch.device("cpu"))
+    device = next((b.device for _, m in observers for b in m.buffers()), torch.device("cpu"))
     for dtype_name, slots in sorted(by_dtype.items()):
         dtype = getattr(torch, dtype_name.removeprefix("torch."))
         local = torch.cat([states[i][key].reshape(-1).to(device=device, dtype=dtype) if key in states[i]
