@@ -121,11 +121,13 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
         return self._config
 
     # -- hooks ---------------------------------------------------------------------------------
-    def _compute_batch(self, state: MinMaxState, x: Array, axis: int | None) -> tuple[MinMaxState, Array | None]:
-        return batch_update(state, x, axis=axis, config=self._config, xp=self._xp)
+    def _compute_batch(self, state: MinMaxState, x: Array, axis: int | None,
+                       collective: Any = None) -> tuple[MinMaxState, Array | None]:
+        return batch_update(state, x, axis=axis, config=self._config, xp=self._xp, collective=collective)
 
-    def _compute_update(self, state: MinMaxState, x: Array, axis: int | None) -> MinMaxState:
-        return self._compute_batch(state, x, axis)[0]
+    def _compute_update(self, state: MinMaxState, x: Array, axis: int | None, collective: Any = None) -> MinMaxState:
+        args = (state, x, axis) if collective is None else (state, x, axis, collective)
+        return self._compute_batch(*args)[0]
 
     # -- observe -------------------------------------------------------------------------------
     def __call__(self, x: Array) -> Array:
@@ -310,7 +312,7 @@ class KLObserver(_CalibrationObserver):
         if self.num_steps % self._config.update_interval == 0:
             self._state = self._compute_kl(state, self._acc)
 
-    def update(self, state: MinMaxState, x: Array) -> MinMaxState:
+    def update(self, state: MinMaxState, x: Array, **kwargs: Any) -> MinMaxState:
         raise NotImplementedError(
             "KLObserver has no pure update(state, x): its KL step depends on the histogram accumulated over "
             "all batches and on the batch count; call the observer, or use observers_core.calib_histogram_update "

@@ -192,16 +192,17 @@ class HistogramObserver(UniformQuantizationObserverBase):
         return self.state.histogram
 
     # -- update and qparams (JAX jits these hooks, CuPy runs them on the state's device) -----------
-    def _compute_update(self, state: HistogramState, x: Array, axis: int | None) -> HistogramState:
-        return family.update(self.update_config, state, x)
+    def _compute_update(self, state: HistogramState, x: Array, axis: int | None, collective: Any = None) -> HistogramState:
+        return family.update(self.update_config, state, x, collective=collective)
 
     def _compute_qparams(self, state: HistogramState) -> QParams:
         return family.qparams(self.config, state)
 
-    def update(self, state: HistogramState, x: Array) -> HistogramState:
+    def update(self, state: HistogramState, x: Array, *, collective: Any = None) -> HistogramState:
         """Pure: the state after observing ``x`` (:func:`observers_core.histogram_update`); empty ``x``
-        returns ``state``."""
-        return super().update(self._as_state(state), x)
+        returns ``state``. With a :class:`~observers_core.Collective`, the batch is every member's (range
+        agreed first, integer counts summed; an empty ``x`` still takes part)."""
+        return super().update(self._as_state(state), x, collective=collective)
 
     def qparams(self, state: HistogramState) -> QParams:
         """Pure: :func:`observers_core.histogram_qparams` of ``state``."""

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from observers_core._collective import check_collective
 from observers_core._dtypes import FLOAT32_EPS
 from observers_core._lowbit import LowBitSpec, lowbit_fake_quantize, lowbit_qparams
 from observers_core._minmax import MinMaxState
@@ -106,8 +107,9 @@ class LowBitObserver(ObserverBase):
         return self._spec
 
     # -- hooks (JAX jits them, CuPy runs them on the state's device) -----------------------------
-    def _compute_update(self, state: MinMaxState | None, x: Array) -> MinMaxState:
-        return observe(state, x, spec=self._spec, ignore_nonfinite=self.ignore_nonfinite, xp=self._xp)
+    def _compute_update(self, state: MinMaxState | None, x: Array, collective: Any = None) -> MinMaxState:
+        return observe(state, x, spec=self._spec, ignore_nonfinite=self.ignore_nonfinite, xp=self._xp,
+                       collective=collective)  # fmt: skip
 
     def _compute_qparams(self, state: MinMaxState) -> QParams | BlockScale:
         return lowbit_qparams(state, self._spec, xp=self._xp)
@@ -153,16 +155,18 @@ class LowBitObserver(ObserverBase):
         check_axis(x, self._spec)
         return x
 
-    def update(self, state: MinMaxState | None, x: Array) -> MinMaxState | None:
+    def update(self, state: MinMaxState | None, x: Array, *, collective: Any = None) -> MinMaxState | None:
         """Pure: the state after observing ``x`` (``state=None``: nothing seen yet; dynamic mode ignores
-        ``state``). Empty ``x`` returns ``state``."""
+        ``state``). Empty ``x`` returns ``state``. With a :class:`~observers_core.Collective` the batch
+        statistics are every member's, merged elementwise (``x`` of one shape on every member; an empty
+        ``x`` still takes part once the state exists)."""
         x = self._check_input(x)
-        if size(x) == 0:
+        if check_collective(collective) is None and size(x) == 0:
             return state
         state = None if state is None or self.is_dynamic else MinMaxState(*state)
         if state is not None:
             self._check_device(x, state)
-        return self._compute_update(state, x)
+        return self._compute_update(state, x) if collective is None else self._compute_update(state, x, collective)
 
     def __call__(self, x: Array) -> Array:
         """Observe ``x`` and return it (the same object). Errors leave the state untouched."""

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import array_api_compat
 import numpy as np
 
+from observers_core._collective import check_collective
 from observers_core._dtypes import FLOAT32_EPS, QScheme, QuantSpec, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init, minmax_qparams, minmax_update, moving_average_update
 from observers_core._namespace import check_real, index_dtype, namespace_of, normalize_axis, size
@@ -351,24 +352,32 @@ class UniformQuantizationObserverBase(ObserverBase):
             )
         self._check_device(x, state)
 
-    def _compute_update(self, state: MinMaxState, x: Array, axis: int | None) -> MinMaxState:
+    def _compute_update(self, state: MinMaxState, x: Array, axis: int | None, collective: Any = None) -> MinMaxState:
         """The core update (JAX runs this under ``jax.jit``)."""
         return core_update(
             state, x, axis=axis, averaging_constant=self._averaging_constant,
-            ignore_nonfinite=self.ignore_nonfinite, xp=self._xp,
+            ignore_nonfinite=self.ignore_nonfinite, xp=self._xp, collective=collective,
         )
 
-    def update(self, state: MinMaxState, x: Array) -> MinMaxState:
+    def update(self, state: MinMaxState, x: Array, *, collective: Any = None) -> MinMaxState:
         """Pure update: the state after observing ``x`` (``state`` itself is not modified).
 
         Running: ``x_min = min(x_min, min(X))``; moving average: ``x_min = x_min + c * (min(X) - x_min)``
         (the first input sets the range); likewise for ``x_max``. Empty ``x``: ``state`` unchanged.
+
+        With a :class:`~observers_core.Collective` (every member of the group calls ``update`` in step)
+        the batch is every member's: each member ends with the state of one update on the concatenated
+        batches. An empty ``x`` then still takes part (per channel it must have the channel axis).
         """
         x, axis = self._check_input(x)
-        if size(x) == 0:
-            return state
+        if check_collective(collective) is None:
+            if size(x) == 0:
+                return state
+            self._check_fits(state, x, axis)
+            return self._compute_update(state, x, axis)
+        axis = self._channel_axis(x)
         self._check_fits(state, x, axis)
-        return self._compute_update(state, x, axis)
+        return self._compute_update(state, x, axis, collective)
 
     def __call__(self, x: Array) -> Array:
         """Observe ``x`` and return it (the same object). Errors leave the state untouched."""
@@ -452,13 +461,16 @@ class UniformQuantizationObserverBase(ObserverBase):
 
 
 def core_update(
-    state: MinMaxState, x: Array, *, axis: int | None, averaging_constant: float | None, ignore_nonfinite: bool, xp: Any
+    state: MinMaxState, x: Array, *, axis: int | None, averaging_constant: float | None, ignore_nonfinite: bool, xp: Any,
+    collective: Any = None,
 ) -> MinMaxState:
-    """Running min/max (``averaging_constant=None``) or moving average, by the core."""
+    """Running min/max (``averaging_constant=None``) or moving average, by the core (with ``collective``:
+    over every member's batch)."""
     if averaging_constant is None:
-        return minmax_update(state, x, axis=axis, ignore_nonfinite=ignore_nonfinite, xp=xp)
+        return minmax_update(state, x, axis=axis, ignore_nonfinite=ignore_nonfinite, xp=xp, collective=collective)
     return moving_average_update(
-        state, x, averaging_constant=averaging_constant, axis=axis, ignore_nonfinite=ignore_nonfinite, xp=xp
+        state, x, averaging_constant=averaging_constant, axis=axis, ignore_nonfinite=ignore_nonfinite, xp=xp,
+        collective=collective,
     )
 
 

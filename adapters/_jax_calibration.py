@@ -42,13 +42,13 @@ __all__ = list(_base.__all__)
 Array = Any
 
 
-def _batch_body(state, x, *, axis, config):
-    return family.batch_update(state, x, axis=axis, config=config, xp=jnp)
+def _batch_body(state, x, *, axis, config, collective=None):
+    return family.batch_update(state, x, axis=axis, config=config, xp=jnp, collective=collective)
 
 
-@functools.partial(jax.jit, static_argnames=("axis", "config"))
-def _jit_batch(state, x, *, axis, config):
-    return _batch_body(state, x, axis=axis, config=config)
+@functools.partial(jax.jit, static_argnames=("axis", "config", "collective"))
+def _jit_batch(state, x, *, axis, config, collective=None):
+    return _batch_body(state, x, axis=axis, config=config, collective=collective)
 
 
 def _accumulate_body(acc, x, *, axis):
@@ -70,11 +70,11 @@ def _jit_kl(state, acc, *, config):
 
 
 class _JaxCalibrationMixin(JaxMinMaxMixin):
-    def _compute_batch(self, state, x: Array, axis: int | None):
-        return _jit_batch(state, x, axis=axis, config=self._config)
+    def _compute_batch(self, state, x: Array, axis: int | None, collective: Any = None):
+        return _jit_batch(state, x, axis=axis, config=self._config, collective=collective)
 
-    def _compute_update(self, state, x: Array, axis: int | None):
-        return self._compute_batch(state, x, axis)[0]
+    def _compute_update(self, state, x: Array, axis: int | None, collective: Any = None):
+        return self._compute_batch(state, x, axis, collective)[0]
 
     def _new_accumulator(self, x: Array, num_channels: int | None):
         acc = family.kl_init(num_channels, bins=self._config.bins, device=None, xp=jnp)

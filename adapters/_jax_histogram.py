@@ -37,14 +37,14 @@ from ._jax_minmax import JaxMinMaxMixin
 __all__ = list(_base.__all__)
 
 
-def _update_body(config, state, x):
+def _update_body(config, state, x, collective=None):
     """The traced update."""
-    return family.update(config, state, x)
+    return family.update(config, state, x, collective=collective)
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def _jit_update(state, x, *, config):
-    return _update_body(config, state, x)
+@functools.partial(jax.jit, static_argnames=("config", "collective"))
+def _jit_update(state, x, *, config, collective=None):
+    return _update_body(config, state, x, collective)
 
 
 def _qparams_body(config, state):
@@ -60,8 +60,8 @@ def _jit_qparams(state, *, config):
 class HistogramObserver(JaxMinMaxMixin, _base.HistogramObserver):
     __doc__ = _base.HistogramObserver.__doc__
 
-    def _compute_update(self, state, x: Any, axis: int | None):
-        return _jit_update(state, x, config=self.update_config)
+    def _compute_update(self, state, x: Any, axis: int | None, collective: Any = None):
+        return _jit_update(state, x, config=self.update_config, collective=collective)
 
     def _compute_qparams(self, state):
         return _jit_qparams(state, config=self.config)

@@ -34,21 +34,21 @@ from observers_core._minmax import MinMaxState
 from observers_core.families import lowbit as lowbit_family
 
 from . import _array_lowbit as _base
-from ._jax_minmax import JaxMixin
+from ._jax_minmax import JaxMixin, jax_collective
 
 __all__ = list(_base.__all__)
 
 Array = Any
 
 
-def _update_body(state, x, *, spec, ignore_nonfinite):
+def _update_body(state, x, *, spec, ignore_nonfinite, collective=None):
     """The traced update (``state=None``: the batch's own statistics)."""
-    return lowbit_family.observe(state, x, spec=spec, ignore_nonfinite=ignore_nonfinite, xp=jnp)
+    return lowbit_family.observe(state, x, spec=spec, ignore_nonfinite=ignore_nonfinite, xp=jnp, collective=collective)
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "ignore_nonfinite"))
-def _jit_update(state, x, *, spec, ignore_nonfinite):
-    return _update_body(state, x, spec=spec, ignore_nonfinite=ignore_nonfinite)
+@functools.partial(jax.jit, static_argnames=("spec", "ignore_nonfinite", "collective"))
+def _jit_update(state, x, *, spec, ignore_nonfinite, collective=None):
+    return _update_body(state, x, spec=spec, ignore_nonfinite=ignore_nonfinite, collective=collective)
 
 
 def _qparams_body(state, spec):
@@ -77,13 +77,19 @@ def _stats_struct(spec, ignore_nonfinite: bool, shape: tuple[int, ...], dtype: A
 
 
 class _JaxLowBitMixin(JaxMixin):
-    def _compute_update(self, state, x: Array):
+    def update(self, state: Any, x: Array, *, axis_name: Any = None, collective: Any = None) -> Any:
+        """Pure update (see the base class). Inside ``jax.shard_map``/``jax.pmap`` over ``axis_name``
+        (:class:`AxisCollective`) the batch statistics are every device's shard's, merged elementwise:
+        the state is replicated and equals observing the shards one after another on one device."""
+        return super().update(state, x, collective=jax_collective(axis_name, collective))
+
+    def _compute_update(self, state, x: Array, collective: Any = None):
         if state is None:
             # merging into the identity (+inf/-inf) gives the batch's own statistics: the first batch
             # and the dynamic mode reuse the one compiled update
             struct = _stats_struct(self._spec, self.ignore_nonfinite, tuple(x.shape), x.dtype)
             state = MinMaxState(jnp.full(struct.shape, jnp.inf, struct.dtype), jnp.full(struct.shape, -jnp.inf, struct.dtype))
-        return _jit_update(state, x, spec=self._spec, ignore_nonfinite=self.ignore_nonfinite)
+        return _jit_update(state, x, spec=self._spec, ignore_nonfinite=self.ignore_nonfinite, collective=collective)
 
     def _compute_qparams(self, state):
         return _jit_qparams(state, spec=self._spec)

@@ -3,19 +3,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
+from observers_core._collective import check_collective
 from observers_core._minmax import MinMaxState, minmax_qparams
 from observers_core._qparams import QParams
 
 from . import _array_observers as _base
 
 __all__ = [
+    "AxisCollective",
     "MinMaxObserver",
     "MovingAverageMinMaxObserver",
     "PerChannelMinMaxObserver",
@@ -28,18 +32,88 @@ __all__ = [
 Array = Any
 
 
+@dataclasses.dataclass(frozen=True)
+class AxisCollective:
+    """:class:`observers_core.Collective` across the named axis (or tuple of axes) of an enclosing
+    ``jax.shard_map`` or ``jax.pmap``: ``lax.pmin``/``lax.pmax``/``lax.psum``, one all-reduce each.
+
+    NaN wins in ``min``/``max`` explicitly (XLA's all-reduce min/max drops NaN): the values with NaN
+    masked out and a NaN flag are reduced together. Hashable, so it is a static argument of ``jax.jit``.
+    Used outside a ``shard_map``/``pmap`` binding the axis, each reduction raises ``ValueError``.
+    """
+
+    axis_name: str | tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        names = self.axis_name if isinstance(self.axis_name, tuple) else (self.axis_name,)
+        if not names or not all(isinstance(n, str) and n for n in names):
+            raise TypeError(f"axis_name must be a non-empty str or a non-empty tuple of them, got {self.axis_name!r}")
+
+    def _check_bound(self) -> None:
+        names = self.axis_name if isinstance(self.axis_name, tuple) else (self.axis_name,)
+        for name in names:
+            try:
+                lax.axis_size(name)
+            except NameError as err:
+                raise ValueError(
+                    f"axis_name={name!r} is not bound here: call the update inside jax.shard_map (a mesh axis) "
+                    f"or jax.pmap(axis_name=...) with that name ({err})"
+                ) from None
+
+    def _nan_wins(self, x: Array, reduce: Any, identity: float) -> Array:
+        self._check_bound()
+        x = jnp.asarray(x)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return reduce(x, self.axis_name)
+        nan = jnp.isnan(x)
+        # one all-reduce: row 0 the values (NaN -> identity), row 1 a flag that is -identity where NaN
+        both = reduce(jnp.stack([jnp.where(nan, identity, x), jnp.where(nan, -identity, identity)]), self.axis_name)
+        return jnp.where(both[1] == -identity, jnp.nan, both[0])
+
+    def min(self, x: Array) -> Array:
+        return self._nan_wins(x, lax.pmin, jnp.inf)
+
+    def max(self, x: Array) -> Array:
+        return self._nan_wins(x, lax.pmax, -jnp.inf)
+
+    def sum(self, x: Array) -> Array:
+        self._check_bound()
+        return lax.psum(x, self.axis_name)
+
+
+def jax_collective(axis_name: Any, collective: Any) -> Any:
+    """The collective of a JAX ``update``: ``AxisCollective(axis_name)``, ``collective`` itself (a
+    hashable :class:`observers_core.Collective`: it is a static argument of ``jax.jit``), or ``None``."""
+    if axis_name is not None:
+        if collective is not None:
+            raise ValueError("give axis_name or collective, not both")
+        return AxisCollective(axis_name)
+    check_collective(collective)
+    try:
+        hash(collective)
+    except TypeError:
+        raise TypeError(
+            f"collective must be hashable for the JAX observers (a static argument of jax.jit), "
+            f"e.g. AxisCollective(axis_name); got {type(collective).__name__}"
+        ) from None
+    return collective
+
+
 def _update_body(
-    state: MinMaxState, x: Array, *, axis: int | None, averaging_constant: float | None, ignore_nonfinite: bool
+    state: MinMaxState, x: Array, *, axis: int | None, averaging_constant: float | None, ignore_nonfinite: bool,
+    collective: Any = None,
 ) -> MinMaxState:
     """The traced update: the core's (which also restores the NaN propagation XLA:CPU's reductions lack)."""
     return _base.core_update(
-        state, x, axis=axis, averaging_constant=averaging_constant, ignore_nonfinite=ignore_nonfinite, xp=jnp
+        state, x, axis=axis, averaging_constant=averaging_constant, ignore_nonfinite=ignore_nonfinite, xp=jnp,
+        collective=collective,
     )
 
 
-@functools.partial(jax.jit, static_argnames=("axis", "averaging_constant", "ignore_nonfinite"))
-def _jit_update(state, x, *, axis, averaging_constant, ignore_nonfinite):
-    return _update_body(state, x, axis=axis, averaging_constant=averaging_constant, ignore_nonfinite=ignore_nonfinite)
+@functools.partial(jax.jit, static_argnames=("axis", "averaging_constant", "ignore_nonfinite", "collective"))
+def _jit_update(state, x, *, axis, averaging_constant, ignore_nonfinite, collective=None):
+    return _update_body(state, x, axis=axis, averaging_constant=averaging_constant, ignore_nonfinite=ignore_nonfinite,
+                        collective=collective)  # fmt: skip
 
 
 def _qparams_body(state: MinMaxState, spec) -> QParams:
@@ -86,9 +160,16 @@ class JaxMixin:
 
 
 class JaxMinMaxMixin(JaxMixin):
-    def _compute_update(self, state: MinMaxState, x: Array, axis: int | None) -> MinMaxState:
+    def update(self, state: Any, x: Array, *, axis_name: Any = None, collective: Any = None) -> Any:
+        """Pure update (see the base class). Inside ``jax.shard_map``/``jax.pmap`` over ``axis_name``
+        (:class:`AxisCollective`) every device ends with the state one device reaches on the whole
+        batch (all shards concatenated), replicated."""
+        return super().update(state, x, collective=jax_collective(axis_name, collective))
+
+    def _compute_update(self, state: MinMaxState, x: Array, axis: int | None, collective: Any = None) -> MinMaxState:
         return _jit_update(
-            state, x, axis=axis, averaging_constant=self._averaging_constant, ignore_nonfinite=self.ignore_nonfinite
+            state, x, axis=axis, averaging_constant=self._averaging_constant, ignore_nonfinite=self.ignore_nonfinite,
+            collective=collective,
         )
 
     def _compute_qparams(self, state: MinMaxState) -> QParams:

@@ -8,6 +8,9 @@ Everything but JAX specifics lives in :mod:`observers_core.adapters._array_obser
 - ``calculate_qparams`` is jitted with the hashable :class:`~observers_core.QuantSpec` as static argument;
 - ``obs.update(state, x)`` / ``obs.qparams(state)`` are the same pure functions, to be used inside a
   user's ``jit`` or ``lax.scan`` (``obs.state`` is a pytree; ``obs.state = new_state`` stores one back);
+- ``obs.update(state, x, axis_name="data")`` inside ``jax.shard_map``/``jax.pmap`` over that axis reduces the
+  batch statistics across the devices (:class:`AxisCollective`: ``lax.pmin``/``pmax``/``psum``, NaN wins),
+  so every device holds the state one device reaches on the whole batch (README "JAX collectives");
 - inputs may be ``jax.Array`` or numpy arrays (moved to the default device); calling the stateful
   ``obs(x)`` on a tracer raises ``TypeError`` (use ``obs.update``).
 
