@@ -38,9 +38,9 @@ Differences, all deliberate:
 
 - NaN and +/-Inf are always skipped (the histograms cannot count them); a batch (or channel) with no
   finite value leaves the statistics as they are. Empty inputs are no-ops (and no KL step).
-- ``is_sync_quantize=True`` raises ``NotImplementedError``: nothing is synchronised across devices
-  here. Combine replicas' statistics yourself (``observers_core.moving_average_merge`` on the
-  min/max, ``calib_histogram_merge`` on KL histograms) before computing qparams.
+- ``is_sync_quantize=True`` raises ``NotImplementedError``: a stateful call here syncs nothing. Sync a
+  step through the pure ``update(state, x, collective=...)`` (JAX: ``axis_name=`` inside
+  ``shard_map``/``pmap``); the torch observers take the flag (``torch.distributed``).
 - Histograms are not saved (as in Horizon): the state dict holds ``eps``, ``min_val`` and ``max_val``.
 - ``bins`` must be at least the number of levels ``|x|`` reaches (128 for ``qint8`` symmetric);
   ``MSEObserver`` and ``MixObserver`` take ``bins`` (default 2048) as a keyword-only extension.
@@ -126,8 +126,7 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
         return batch_update(state, x, axis=axis, config=self._config, xp=self._xp, collective=collective)
 
     def _compute_update(self, state: MinMaxState, x: Array, axis: int | None, collective: Any = None) -> MinMaxState:
-        args = (state, x, axis) if collective is None else (state, x, axis, collective)
-        return self._compute_batch(*args)[0]
+        return self._compute_batch(state, x, axis, collective)[0]
 
     # -- observe -------------------------------------------------------------------------------
     def __call__(self, x: Array) -> Array:

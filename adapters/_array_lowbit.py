@@ -166,7 +166,7 @@ class LowBitObserver(ObserverBase):
         state = None if state is None or self.is_dynamic else MinMaxState(*state)
         if state is not None:
             self._check_device(x, state)
-        return self._compute_update(state, x) if collective is None else self._compute_update(state, x, collective)
+        return self._compute_update(state, x, collective)
 
     def __call__(self, x: Array) -> Array:
         """Observe ``x`` and return it (the same object). Errors leave the state untouched."""

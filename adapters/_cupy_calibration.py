@@ -30,9 +30,9 @@ Array = Any
 
 
 class _CupyCalibrationMixin(CupyMinMaxMixin):
-    def _compute_batch(self, state, x: Array, axis: int | None):
+    def _compute_batch(self, state, x: Array, axis: int | None, collective: Any = None):
         with state.min_val.device:
-            return super()._compute_batch(state, x, axis)
+            return super()._compute_batch(state, x, axis, collective)
 
     def _new_accumulator(self, x: Array, num_channels: int | None):
         with self._device if self._device is not None else x.device:

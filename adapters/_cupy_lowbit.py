@@ -28,9 +28,9 @@ Array = Any
 
 
 class _CupyLowBitMixin(CupyMixin):
-    def _compute_update(self, state, x: Array):
+    def _compute_update(self, state, x: Array, collective: Any = None):
         with x.device:
-            return super()._compute_update(state, x)
+            return super()._compute_update(state, x, collective)
 
     def _compute_qparams(self, state):
         with state.min_val.device:

@@ -62,9 +62,9 @@ class CupyMinMaxMixin(CupyMixin):
         with self._device if self._device is not None else x.device:
             return super()._new_state(x, num_channels)
 
-    def _compute_update(self, state, x: Array, axis: int | None):
+    def _compute_update(self, state, x: Array, axis: int | None, collective: Any = None):
         with state.min_val.device:
-            return super()._compute_update(state, x, axis)
+            return super()._compute_update(state, x, axis, collective)
 
     def _compute_qparams(self, state):
         with state.min_val.device:

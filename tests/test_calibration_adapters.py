@@ -541,7 +541,7 @@ BAD_ARGUMENTS = [
     ("KLObserver", dict(ch_axis=1.0), TypeError, "ch_axis must be an int"),
     ("MixObserver", dict(dtype="qint4"), ValueError, "dtype='qint4' is not a supported"),
     ("KLObserver", dict(quant_min=1, quant_max=127), ValueError, "must include 0"),
-    ("MSEObserver", dict(is_sync_quantize=True), NotImplementedError, "is_sync_quantize=True is not implemented"),
+    ("MSEObserver", dict(is_sync_quantize="yes"), TypeError, "is_sync_quantize must be a bool"),
     ("PercentileObserver", dict(is_sync_quantize=1), TypeError, "is_sync_quantize must be a bool"),
 ]
 
@@ -551,6 +551,14 @@ BAD_ARGUMENTS = [
 def test_bad_arguments_name_the_argument(backend, cls_name, kwargs, error, match):
     with pytest.raises(error, match=match):
         make(make_backend(backend), cls_name, **kwargs)
+
+
+def test_only_torch_takes_is_sync_quantize():
+    """The array observers' stateful call syncs nothing, so the flag is refused there with the ways that
+    do sync; the torch observers take it (synced per batch: tests/test_distributed_torch.py)."""
+    with pytest.raises(NotImplementedError, match=r"obs.update\(state, x, collective=...\)"):
+        make(make_backend("numpy"), "MSEObserver", is_sync_quantize=True)
+    assert make(make_backend("torch"), "MSEObserver", is_sync_quantize=True).sync is True
 
 
 def test_torch_accepts_torch_dtypes_and_qschemes():

@@ -142,7 +142,7 @@ def test_horizon_minmax_copy_pickle_with_args():
 @pytest.mark.parametrize(
     "kwargs,error,match",
     [
-        (dict(is_sync_quantize=True), NotImplementedError, "is_sync_quantize"),
+        (dict(is_sync_quantize="yes"), TypeError, "is_sync_quantize must be a bool"),
         (dict(ch_axis=-2), ValueError, "ch_axis=-2"),
         (dict(ch_axis=1.0), TypeError, "ch_axis"),
         (dict(ch_axis=0), ValueError, "qscheme"),

@@ -101,7 +101,8 @@ def make_config(
     is_sync_quantize: Any = False,
 ) -> tuple[CalibConfig, bool]:
     """Validate an observer's arguments: ``(config, per_channel)``. ``ValueError``/``TypeError`` name the
-    argument; ``is_sync_quantize=True`` raises ``NotImplementedError``."""
+    argument; ``is_sync_quantize=True`` raises ``NotImplementedError`` (the array observers sync through
+    ``update(state, x, collective=...)``; the torch adapter handles the flag before calling this)."""
     if isinstance(ch_axis, bool) or not isinstance(ch_axis, numbers.Integral):
         raise TypeError(f"ch_axis must be an int, got {type(ch_axis).__name__} {ch_axis!r}")
     if ch_axis < -1:
@@ -131,9 +132,9 @@ def make_config(
     update_interval = check_int(update_interval, "update_interval", minimum=1)
     if check_bool(is_sync_quantize, "is_sync_quantize"):
         raise NotImplementedError(
-            "is_sync_quantize=True is not implemented: statistics are not synchronised across devices. "
-            "Merge replicas' min/max with observers_core.moving_average_merge (and KL histograms with "
-            "calib_histogram_merge) yourself"
+            "is_sync_quantize=True is not implemented by the array observers: sync a step with "
+            "obs.update(state, x, collective=...) (JAX: axis_name=... inside shard_map/pmap), or use the torch "
+            "observers, which take is_sync_quantize=True (torch.distributed)"
         )
     config = CalibConfig(method, spec, float(averaging_constant), bins, levels, float(percentile), stride, update_interval)
     return config, per_channel
