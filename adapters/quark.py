@@ -412,7 +412,7 @@ class _AccumulatedSearch(_QuarkMinMax, KLObserver):
 
     def calculate_qparams(self):  # type: ignore[override]
         """``calculate_qparams`` of the searched range; before the first batch a warning and ``([1.], [0])``."""
-        if self.num_steps == 0:
+        if self.accumulator is None:
             warnings.warn(f"{type(self).__name__} has observed nothing yet; returning default values (scale=1, "
                           "zero_point=0)", UserWarning, stacklevel=2)
             with warnings.catch_warnings():
@@ -422,10 +422,22 @@ class _AccumulatedSearch(_QuarkMinMax, KLObserver):
 
     def _observe(self, state, x, axis):
         super()._observe(state, x, axis)  # accumulates; update_interval is never reached
+        return self._searched_range()
+
+    def _searched_range(self) -> MinMaxState:
+        """The accumulated range clipped to ``[-amax, amax]``, ``amax`` searched on the accumulated histogram."""
         acc = self.accumulator
         amax = calibration_family.search_amax(self._SEARCH, acc.hist, self.config, _xpt)
-        lo, hi = calibration_family.clip_range(acc.seen.min_val, acc.seen.max_val, amax, _xpt)
-        return MinMaxState(lo, hi)
+        return MinMaxState(*calibration_family.clip_range(acc.seen.min_val, acc.seen.max_val, amax, _xpt))
+
+    def _load_synced(self, merged) -> None:
+        """sync_observers: the merged accumulator (exact), then the range searched on it (not the mean
+        of the ranks' ranges, which the KL observers' moving average uses)."""
+        super()._load_synced(merged)
+        if self.accumulator is not None:
+            lo, hi = self._searched_range()
+            self.min_val.copy_(lo)
+            self.max_val.copy_(hi)
 
 
 class PerTensorPercentileObserver(_AccumulatedSearch):

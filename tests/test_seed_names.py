@@ -409,6 +409,28 @@ def test_quark_search_observers_before_data():
         assert scale.tolist() == [1.0] and zp.tolist() == [0]
 
 
+@pytest.mark.parametrize("name", ["PerTensorPercentileObserver", "PerTensorMSEObserver"])
+def test_quark_search_observers_merge_replicas_by_their_accumulator(name):
+    """sync_observers' merge (run here without processes: the ranks' states merged and loaded) of two
+    replicas that saw different shards equals one observer that saw both: the accumulated histogram
+    merges exactly and the range is searched again, not averaged."""
+    from types import SimpleNamespace
+
+    from observers_core.adapters import quark as Q
+
+    spec = SimpleNamespace(dtype="int8", qscheme="per_tensor", symmetric=True, is_dynamic=False)
+    replicas, single = [getattr(Q, name)(spec) for _ in range(3)], getattr(Q, name)(spec)
+    batches = _batches(18)
+    for i, batch in enumerate(batches):
+        replicas[i % 2](batch)
+        single(batch)
+    merged = replicas[2]._merge_replicas([r._sync_state() for r in replicas])  # replica 2 saw nothing
+    replicas[2]._load_synced(merged)
+    _same(replicas[2].calculate_qparams(), single.calculate_qparams())
+    for key in ("min_val", "max_val"):
+        assert torch.equal(getattr(replicas[2], key), getattr(single, key)), key
+
+
 def test_quark_per_channel_bias(quark):
     """1-D inputs (biases): one channel per element, as Quark."""
     qspec = _int_spec(quark, "int8", "per_channel", "PerChannelMinMaxObserver", ch_axis=0)
