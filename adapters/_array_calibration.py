@@ -54,6 +54,7 @@ from typing import Any
 
 from observers_core._dtypes import QScheme
 from observers_core._minmax import MinMaxState
+from observers_core._collective import check_collective
 from observers_core._namespace import device_of, size
 from observers_core._qparams import QParams
 from observers_core.families.calibration import (
@@ -251,8 +252,9 @@ class KLObserver(_CalibrationObserver):
     histogram (TensorRT's entropy calibration with ``num_levels`` = the levels ``|x|`` reaches) and the
     accumulated range clipped to ``[-amax, amax]`` is moving-averaged into ``min_val``/``max_val`` (the
     first KL update initialises). Before it, ``calculate_qparams`` warns and returns ``scale=1,
-    zero_point=0``. Horizon's signature; the pure ``update(state, x)`` is not offered (the step
-    depends on the accumulated histogram and the batch count)."""
+    zero_point=0``. Horizon's signature. The pure steps are ``accumulate(acc, x)`` (also with a
+    collective: every member's batch) and ``kl_step(state, acc)``; a single ``update(state, x)`` is not
+    offered (the step depends on the accumulated histogram and the batch count)."""
 
     _METHOD = "kl"
 
@@ -292,30 +294,57 @@ class KLObserver(_CalibrationObserver):
         device = self._device if self._device is not None else device_of(x)
         return kl_init(num_channels, bins=self._config.bins, device=device, xp=self._xp)
 
-    def _compute_accumulate(self, acc: KLAccumulator, x: Array, axis: int | None) -> KLAccumulator:
-        return kl_accumulate(acc, x, axis=axis, xp=self._xp)
+    def _compute_accumulate(self, acc: KLAccumulator, x: Array, axis: int | None,
+                            collective: Any = None) -> KLAccumulator:
+        return kl_accumulate(acc, x, axis=axis, xp=self._xp, collective=collective)
 
     def _compute_kl(self, state: MinMaxState, acc: KLAccumulator) -> MinMaxState:
         return kl_update(state, acc, config=self._config, xp=self._xp)
 
-    def _observe(self, state: MinMaxState, x: Array, axis: int | None) -> None:
+    def _fitting_accumulator(self, acc: KLAccumulator | None, x: Array, axis: int | None) -> KLAccumulator:
+        """``acc`` (a new one for ``None``) after checking that ``x`` has its channel count."""
         channels = x.shape[axis] if self._PER_CHANNEL else None
-        acc = self._acc if self._acc is not None else self._new_accumulator(x, channels)
+        acc = acc if acc is not None else self._new_accumulator(x, channels)
         if self._PER_CHANNEL and tuple(acc.seen.min_val.shape) != (channels,):
             raise ValueError(
                 f"x has {channels} channels along ch_axis={self.ch_axis} but the KL histogram holds "
                 f"{acc.seen.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
             )
-        self._acc = self._compute_accumulate(acc, x, axis)
+        return acc
+
+    def _observe(self, state: MinMaxState, x: Array, axis: int | None) -> None:
+        self._acc = self._compute_accumulate(self._fitting_accumulator(self._acc, x, axis), x, axis)
         self.num_steps += 1
         if self.num_steps % self._config.update_interval == 0:
             self._state = self._compute_kl(state, self._acc)
 
+    def init_accumulator(self, num_channels: int | None = None) -> KLAccumulator:
+        """An empty accumulator (of ``num_channels`` channels for a per-channel observer)."""
+        return kl_init(num_channels, bins=self._config.bins, device=self._device, xp=self._xp)
+
+    def accumulate(self, acc: KLAccumulator | None, x: Array, *, collective: Any = None) -> KLAccumulator | None:
+        """Pure: the accumulator after also counting ``x`` (``None`` starts one; ``acc`` is not modified;
+        empty ``x``: ``acc``). With a :class:`~observers_core.Collective` the batch is every member's:
+        each member holds the accumulator of the concatenated batches (an empty ``x`` takes part)."""
+        x, axis = self._check_input(x)
+        if check_collective(collective) is None:
+            if size(x) == 0:
+                return acc
+        else:
+            axis = self._channel_axis(x)
+        return self._compute_accumulate(self._fitting_accumulator(acc, x, axis), x, axis, collective)
+
+    def kl_step(self, state: MinMaxState | None, acc: KLAccumulator) -> MinMaxState:
+        """Pure KL update: the accumulated range clipped to the KL threshold of the accumulated histogram,
+        moving-averaged into ``state`` (``None``: the first KL update)."""
+        if state is None:
+            state = self.init_state(acc.seen.min_val.shape[0] if self._PER_CHANNEL else None)
+        return self._compute_kl(state, acc)
+
     def update(self, state: MinMaxState, x: Array, **kwargs: Any) -> MinMaxState:
         raise NotImplementedError(
             "KLObserver has no pure update(state, x): its KL step depends on the histogram accumulated over "
-            "all batches and on the batch count; call the observer, or use observers_core.calib_histogram_update "
-            "and kl_threshold directly"
+            "all batches and on the batch count; use acc = obs.accumulate(acc, x) and state = obs.kl_step(state, acc)"
         )
 
     def calculate_qparams(self) -> QParams:

@@ -38,9 +38,9 @@ class _CupyCalibrationMixin(CupyMinMaxMixin):
         with self._device if self._device is not None else x.device:
             return super()._new_accumulator(x, num_channels)
 
-    def _compute_accumulate(self, acc, x: Array, axis: int | None):
+    def _compute_accumulate(self, acc, x: Array, axis: int | None, collective: Any = None):
         with acc.seen.min_val.device:
-            return super()._compute_accumulate(acc, x, axis)
+            return super()._compute_accumulate(acc, x, axis, collective)
 
     def _compute_kl(self, state, acc):
         with state.min_val.device:

@@ -8,7 +8,7 @@ argument: each traces once per input shape and dtype (the first batch starts fro
 it shares the compiled step) and the compiled functions are shared by all observers with the same
 configuration. ``obs(x)`` never syncs with the host: KLObserver's batch count is a Python int.
 ``obs.update(state, x)`` / ``obs.qparams(state)`` are the pure functions for a user's ``jit`` or
-``lax.scan`` (not for KLObserver, whose step depends on the accumulated histogram).
+``lax.scan``; KLObserver's are ``obs.accumulate(acc, x)`` and ``obs.kl_step(state, acc)``.
 
 Without x64 the searches run in float32 where numpy and torch use float64; near-ties between
 candidates may then resolve differently.
@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from observers_core.families import calibration as family
 
 from . import _array_calibration as _base
-from ._jax_minmax import JaxMinMaxMixin
+from ._jax_minmax import JaxMinMaxMixin, jax_collective
 
 __all__ = list(_base.__all__)
 
@@ -51,13 +51,13 @@ def _jit_batch(state, x, *, axis, config, collective=None):
     return _batch_body(state, x, axis=axis, config=config, collective=collective)
 
 
-def _accumulate_body(acc, x, *, axis):
-    return family.kl_accumulate(acc, x, axis=axis, xp=jnp)
+def _accumulate_body(acc, x, *, axis, collective=None):
+    return family.kl_accumulate(acc, x, axis=axis, xp=jnp, collective=collective)
 
 
-@functools.partial(jax.jit, static_argnames=("axis",))
-def _jit_accumulate(acc, x, *, axis):
-    return _accumulate_body(acc, x, axis=axis)
+@functools.partial(jax.jit, static_argnames=("axis", "collective"))
+def _jit_accumulate(acc, x, *, axis, collective=None):
+    return _accumulate_body(acc, x, axis=axis, collective=collective)
 
 
 def _kl_body(state, acc, *, config):
@@ -80,8 +80,8 @@ class _JaxCalibrationMixin(JaxMinMaxMixin):
         acc = family.kl_init(num_channels, bins=self._config.bins, device=None, xp=jnp)
         return acc if self._device is None else jax.device_put(acc, self._device)
 
-    def _compute_accumulate(self, acc, x: Array, axis: int | None):
-        return _jit_accumulate(acc, x, axis=axis)
+    def _compute_accumulate(self, acc, x: Array, axis: int | None, collective: Any = None):
+        return _jit_accumulate(acc, x, axis=axis, collective=collective)
 
     def _compute_kl(self, state, acc):
         return _jit_kl(state, acc, config=self._config)
@@ -101,3 +101,8 @@ class MixObserver(_JaxCalibrationMixin, _base.MixObserver):
 
 class KLObserver(_JaxCalibrationMixin, _base.KLObserver):
     __doc__ = _base.KLObserver.__doc__
+
+    def accumulate(self, acc: Any, x: Array, *, axis_name: Any = None, collective: Any = None) -> Any:
+        """Pure accumulation (see the base class). Inside ``jax.shard_map``/``jax.pmap`` over ``axis_name``
+        every device holds the accumulator of the whole batch."""
+        return super().accumulate(acc, x, collective=jax_collective(axis_name, collective))

@@ -44,6 +44,7 @@ MODES = ("shard_map", "pmap")
 EXTRA_CHECKS = (
     "collective_nan_wins/shard_map", "collective_nan_wins/pmap", "explicit_mesh/shard_map",
     "wrong_axis_name/shard_map", "wrong_axis_name/pmap", "unbound_axis_name",
+    "kl_accumulate/shard_map", "kl_accumulate/pmap",
 )
 
 
@@ -110,8 +111,8 @@ def main() -> dict[str, list]:
             results[name] = [False, traceback.format_exc(limit=4)]
         results[name].append(round(time.perf_counter() - start, 2))
 
-    def distributed_step(obs, mode: str, axis_name: str = AXIS, mesh=auto_mesh):
-        update = lambda s, x: obs.update(s, x, axis_name=axis_name)  # noqa: E731
+    def distributed_step(obs, mode: str, axis_name: str = AXIS, mesh=auto_mesh, method: str = "update"):
+        update = lambda s, x: getattr(obs, method)(s, x, axis_name=axis_name)  # noqa: E731
         if mode == "shard_map":
             step = jax.jit(jax.shard_map(update, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P()))
             return lambda s, x: step(s, jax.device_put(jnp.asarray(x), NamedSharding(mesh, P(AXIS))))
@@ -198,7 +199,21 @@ def main() -> dict[str, list]:
             return None if f"axis_name='{AXIS}'" in str(err) else f"unclear message: {err}"
         return "no error outside shard_map/pmap"
 
+    def kl_accumulate(mode: str) -> str | None:
+        """KLObserver: accumulators synced over the devices, then KL steps, equal one device's."""
+        obs = jobs.KLObserver(bins=128, averaging_constant=0.3)
+        acc = ref = obs.init_accumulator()
+        state = ref_state = None
+        step = distributed_step(obs, mode, method="accumulate")
+        for i, x in enumerate(batches("uneven")):
+            acc, ref = step(acc, x), obs.accumulate(ref, jnp.asarray(x))
+            state, ref_state = obs.kl_step(state, acc), obs.kl_step(ref_state, ref)
+            if not (same_tree(acc, ref) and same_tree(state, ref_state)):
+                return f"step {i}: {jax.tree.map(np.asarray, state)} != single device {jax.tree.map(np.asarray, ref_state)}"
+        return None
+
     for mode in MODES:
+        record(f"kl_accumulate/{mode}", lambda mode=mode: kl_accumulate(mode))
         record(f"collective_nan_wins/{mode}", lambda mode=mode: nan_wins(mode))
         record(f"wrong_axis_name/{mode}", lambda mode=mode: wrong_axis(mode))
     record("explicit_mesh/shard_map", explicit_mesh)

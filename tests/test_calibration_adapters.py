@@ -718,3 +718,42 @@ def test_cupy_state_stays_on_the_inputs_gpu():
             assert isinstance(arr, cupy.ndarray) and arr.device == device
     with pytest.raises(TypeError, match="cupy.ndarray"):
         obs(np.ones((3, 6), np.float32))
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_kl_pure_steps_and_a_collective(per_channel):
+    """KLObserver's pure steps: ``accumulate`` then ``kl_step`` every ``update_interval`` batches is the
+    stateful observer, bit for bit; with a collective (three members, threads) every member holds the
+    accumulator and KL range of one observer that saw the concatenated batches (an empty shard takes part)."""
+    from _thread_collective import run_members
+
+    kwargs = dict(ch_axis=1, qscheme="per_channel_symmetric") if per_channel else {}
+    make_obs = lambda: generic.KLObserver(bins=256, update_interval=2, averaging_constant=0.4, **kwargs)  # noqa: E731
+    rng = np.random.default_rng(11)
+    steps = [[(rng.standard_normal((int(rng.integers(0, 4)), 5)) * 10.0 ** rng.uniform(-2, 2)).astype(np.float32)
+              for _ in range(3)] for _ in range(4)]  # fmt: skip
+    for shards in steps:
+        shards[0] = np.concatenate([shards[0], rng.standard_normal((2, 5)).astype(np.float32)])
+
+    def pure(obs, acc, state, batches, collective=None):
+        for i, x in enumerate(batches, start=1):
+            acc = obs.accumulate(acc, x, collective=collective)
+            if i % obs.update_interval == 0:
+                state = obs.kl_step(state, acc)
+        return acc, state
+
+    def member(rank, collective):
+        obs = make_obs()
+        return pure(obs, obs.init_accumulator(5 if per_channel else None), None, [s[rank] for s in steps], collective)
+
+    stateful = make_obs()
+    for shards in steps:
+        stateful(np.concatenate(shards))
+    alone = make_obs()
+    acc, state = pure(alone, None, None, [np.concatenate(s) for s in steps])
+    for got_acc, got_state in [(acc, state), *run_members(3, member)]:
+        for a, b in zip([*got_acc.hist, *got_acc.seen, *got_state], [*stateful.accumulator.hist,
+                                                                        *stateful.accumulator.seen, *stateful.state]):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(NotImplementedError, match=r"obs.accumulate\(acc, x\)"):
+        alone.update(state, steps[0][0])
