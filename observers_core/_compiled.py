@@ -78,13 +78,15 @@ else:
 
 def host_view(x: Array, xp: Any) -> np.ndarray | None:
     """``x`` as a NumPy array without a copy when a compiled kernel may take it (kernels enabled, ``x`` a
-    NumPy array or a torch CPU tensor that needs no grad); ``None`` otherwise."""
+    NumPy array or a torch CPU tensor of a dtype NumPy has that needs no grad); ``None`` otherwise."""
     if not ENABLED:
         return None
     if is_numpy_namespace(xp):
         return np.asarray(x)
     if is_torch_namespace(xp) and x.device.type == "cpu" and not x.requires_grad:
-        return x.numpy()
+        import torch  # only reached with torch tensors
+
+        return None if x.dtype in (torch.bfloat16, torch.complex32) else x.numpy()
     return None
 
 

@@ -5,7 +5,9 @@ torch and JAX and applies the same step to all of them: adversarial batches (boo
 bfloat16/float64 dtypes, a changed channel count or ndim, empty, NaN/Inf, values near float32's maximum,
 subnormals, zeros-only and dead channels), state_dict round trips (own, another backend's raw arrays,
 torch.ao's, corrupted), ``reset_min_max_vals``, ``copy.deepcopy`` and pickle (continuing with the
-copy). No class exposes a merge method (merges are core functions, tested in the core tests).
+copy), and merges: a replica of the same configuration observes a batch and its state_dict is merged
+into the observer's with the family's merge function, run in each backend's own arrays (what
+``sync_observers`` does across ranks), then loaded back.
 
 After every step:
 - only the documented exceptions: ``ValueError``/``TypeError`` for bad input (``RuntimeError`` only
@@ -67,6 +69,29 @@ BAD_INPUT = (ValueError, TypeError)
 CORRUPTIONS = ("missing", "extra", "shape", "nan_eps", "neg_eps", "zero_eps", "min_gt_max", "bool", "complex")
 #: families whose results are not compared on JAX once a subnormal reached the state (documented FTZ).
 _FTZ_SENSITIVE = ("histogram", "calibration")
+
+
+def merged_state_dict(spec: ClassSpec, a: dict, b: dict) -> dict:
+    """``a`` with ``b`` merged in by the family's merge, in ``a``'s own namespace: running min/max and
+    low-bit ``minmax_merge``, moving averages and the calibration observers' ranges
+    ``moving_average_merge``, the histogram ``histogram_merge``. A side that has seen nothing per channel
+    (shape ``(0,)``) gives the other; other differing shapes raise ``ValueError``."""
+    from observers_core import HistogramState, MinMaxState, histogram_merge, minmax_merge, moving_average_merge
+
+    if tuple(b["min_val"].shape) == (0,):
+        return a
+    if tuple(a["min_val"].shape) == (0,):
+        return {**a, **{k: b[k] for k in ("min_val", "max_val")}}
+    if any(tuple(a[k].shape) != tuple(b[k].shape) for k in a if k != "eps"):
+        raise ValueError("the states have different shapes: nothing to merge")
+    if spec.family == "histogram":
+        merged = histogram_merge(HistogramState(a["histogram"], a["min_val"], a["max_val"]),
+                                 HistogramState(b["histogram"], b["min_val"], b["max_val"]))  # fmt: skip
+        return {**a, "histogram": merged.histogram, "min_val": merged.min_val, "max_val": merged.max_val}
+    exact = spec.family == "lowbit" or spec.name in ("MinMaxObserver", "PerChannelMinMaxObserver")
+    merged = (minmax_merge if exact else moving_average_merge)(
+        MinMaxState(a["min_val"], a["max_val"]), MinMaxState(b["min_val"], b["max_val"]))
+    return {**a, "min_val": merged.min_val, "max_val": merged.max_val}
 
 
 def _same_bytes(a: dict, b: dict) -> bool:
@@ -259,6 +284,35 @@ class ObserverMachine(RuleBasedStateMachine):
         accepted = sorted(b for b, e in outcome.items() if e is None)
         assert not accepted, f"corrupted state_dict ({how}: {bad}) accepted by {accepted}"
 
+    @precondition(lambda self: self.SPEC.name != "FixedQParamsObserver" and not self.cfg.get("is_dynamic"))
+    @rule(data=st.data())
+    def merge_replica(self, data):
+        """A replica observes one batch; the family merge of both state_dicts is loaded. Refused (the
+        state as it was) when the replica rejects the batch or the states' shapes differ. The running
+        min/max and static low-bit merges are exact (the shadow observes the batch); the others are
+        followed by the shadow syncing to numpy's state."""
+        shape = data.draw(st.sampled_from(self.SPEC.shapes(self.cfg)), label="shape")
+        kind = data.draw(st.sampled_from(KINDS), label="kind")
+        seed = data.draw(st.integers(0, 2**16), label="seed")
+        batch = make_batch(kind, seed, shape, "float32", self.SPEC.ch_axis(self.cfg))
+        self.log.append(f"merge_replica(make_batch({kind!r}, {seed}, {shape}, 'float32'))")
+
+        def merge(b, o):
+            replica = make_observer(b, self.SPEC, self.cfg)
+            replica(to_backend(b, batch))
+            o.load_state_dict(merged_state_dict(self.SPEC, o.state_dict(), replica.state_dict()))
+
+        if self._agree(self._attempt(merge, lambda b: BAD_INPUT, "merge_replica"), "merge_replica"):
+            if _has_subnormal(batch):
+                self.jax_ftz = True
+            if self.shadow is None:
+                return
+            if self.SPEC.name in ("MinMaxObserver", "PerChannelMinMaxObserver") or self.SPEC.family == "lowbit":
+                if batch.size:
+                    self.shadow.update(batch)
+            else:
+                self.shadow.sync(state_of(self.obs["numpy"]))
+
     @rule(how=st.sampled_from(("deepcopy", "pickle")))
     def copy_and_continue(self, how):
         """Every observer deep-copies and pickles on every backend; the copy holds the same state and
@@ -333,6 +387,10 @@ class ObserverMachine(RuleBasedStateMachine):
             if jax and self.jax_ftz and self.SPEC.name in ("PerBlockMXObserver", "PerBlockBFPObserver"):
                 continue  # block exponents of a flushed amax differ (documented FTZ)
             expected_qp = ref_qp
+            if jax and self.jax_ftz and self.SPEC.family == "observers":
+                # documented FTZ: JAX's qparams are numpy's qparams of JAX's own (flushed) statistics
+                # (per_channel_affine_float_qparams' zero point -min/scale is then 0, not tiny)
+                expected_qp = self._qparams_of(states[b]["min_val"], states[b]["max_val"])
             if jax and self.SPEC.family == "lowbit" and ref["min_val"].dtype == np.float64:
                 # documented: JAX without x64 holds float64 statistics as float32; its qparams are
                 # numpy's qparams of the float32-rounded statistics
