@@ -521,7 +521,11 @@ def non_linear_param_search(
             raise ValueError(f"{name} must be 0-d, got shape {tuple(arr.shape)}")
     if isinstance(dst_nbins, bool) or not isinstance(dst_nbins, (int, np.integer)) or dst_nbins < 1:
         raise ValueError(f"dst_nbins={dst_nbins!r} must be an int >= 1")
-    check_histogram(histogram, min_val, max_val, xp=xp)
+    originals = numpy_views(xp, histogram, min_val, max_val)  # torch CPU: the same check in NumPy (cheaper)
+    if originals is not None:
+        check_histogram(*originals, xp=array_namespace(originals[0]))
+    else:
+        check_histogram(histogram, min_val, max_val, xp=xp)
     with np.errstate(all="ignore"):
         hist = xp.astype(histogram, xp.float32, copy=False)
         lo = xp.astype(min_val, xp.float32, copy=False)
