@@ -74,7 +74,6 @@ from ._array_observers import UniformQuantizationObserverBase
 __all__ = ["KLObserver", "MSEObserver", "PercentileObserver", "MixObserver"]
 
 Array = Any
-INF = float("inf")
 
 # ---------------------------------------------------------------------------------------- classes
 

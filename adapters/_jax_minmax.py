@@ -35,7 +35,8 @@ Array = Any
 @dataclasses.dataclass(frozen=True)
 class AxisCollective:
     """:class:`observers_core.Collective` across the named axis (or tuple of axes) of an enclosing
-    ``jax.shard_map`` or ``jax.pmap``: ``lax.pmin``/``lax.pmax``/``lax.psum``, one all-reduce each.
+    ``jax.shard_map`` or ``jax.pmap``: ``lax.pmin``/``lax.pmax``/``lax.psum``, one all-reduce each
+    (``min_max``: a range's minima and negated maxima in one ``pmin``).
 
     NaN wins in ``min``/``max`` explicitly (XLA's all-reduce min/max drops NaN): the values with NaN
     masked out and a NaN flag are reduced together. Hashable, so it is a static argument of ``jax.jit``.
@@ -75,6 +76,15 @@ class AxisCollective:
 
     def max(self, x: Array) -> Array:
         return self._nan_wins(x, lax.pmax, -jnp.inf)
+
+    def min_max(self, lo: Array, hi: Array) -> tuple[Array, Array]:
+        """``(min(lo), max(hi))`` in one all-reduce (``max(hi) = -min(-hi)``, exact) when both are floating
+        of one dtype; else two."""
+        lo, hi = jnp.asarray(lo), jnp.asarray(hi)
+        if not (jnp.issubdtype(lo.dtype, jnp.floating) and lo.dtype == hi.dtype):
+            return self.min(lo), self.max(hi)
+        both = self.min(jnp.concatenate([lo.reshape(-1), -hi.reshape(-1)]))
+        return both[:lo.size].reshape(lo.shape), (-both[lo.size:]).reshape(hi.shape)
 
     def sum(self, x: Array) -> Array:
         self._check_bound()

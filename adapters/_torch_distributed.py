@@ -18,11 +18,9 @@ import torch
 import torch.distributed as dist
 
 from observers_core import MinMaxState, minmax_merge, moving_average_merge
-from observers_core._validate import check_bool
+from observers_core._validate import INF, check_bool
 
 __all__ = ["TorchCollective", "sync_observers"]
-
-_INF = float("inf")
 
 
 def _check_group(process_group: Any) -> Any:
@@ -87,7 +85,7 @@ class TorchCollective:
             dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.process_group)
             return t
         nan = torch.isnan(t).reshape(-1)
-        packed = torch.cat([torch.where(nan, _INF, t.reshape(-1)), -nan.to(t.dtype)])
+        packed = torch.cat([torch.where(nan, INF, t.reshape(-1)), -nan.to(t.dtype)])
         dist.all_reduce(packed, op=dist.ReduceOp.MIN, group=self.process_group)
         n = t.numel()
         return torch.where(packed[n:] < 0, float("nan"), packed[:n]).reshape(t.shape)
@@ -206,7 +204,7 @@ def mean_of_replicas(states: list) -> Any:
     """Moving-average states merged by a balanced tree of ``moving_average_merge`` (pairwise means): the
     mean of the replicas when their number is a power of two (otherwise the tree's weighting). Replicas
     that have seen nothing (every entry ``(+inf, -inf)``) are left out."""
-    states = [s for s in states if not bool(((s.min_val == _INF) & (s.max_val == -_INF)).all())] or states[:1]
+    states = [s for s in states if not bool(((s.min_val == INF) & (s.max_val == -INF)).all())] or states[:1]
     while len(states) > 1:
         states = [moving_average_merge(*states[i:i + 2]) if i + 1 < len(states) else states[i]
                   for i in range(0, len(states), 2)]  # fmt: skip

@@ -42,7 +42,7 @@ from .._minmax import MinMaxState, minmax_init, minmax_merge, minmax_update, mov
 from .._namespace import device_of, size
 from .._qparams import calculate_qparams
 from .._quantize import fake_quantize
-from .._validate import check_averaging_constant, check_bool, check_int
+from .._validate import INF, check_averaging_constant, check_bool, check_int
 
 __all__ = [
     "MIX_CANDIDATES", "STATE_KEYS", "CalibConfig", "KLAccumulator", "abs_histogram", "average_range",
@@ -52,7 +52,6 @@ __all__ = [
 ]  # fmt: skip
 
 Array = Any
-INF = float("inf")
 #: The state-dict keys of the averaged range.
 STATE_KEYS = ("min_val", "max_val")
 
