@@ -946,6 +946,21 @@ def calib_histogram_update(
     absolute = check_bool(absolute, "absolute")
     if check_collective(collective) is None and size(x) == 0:
         return state
+    return _histogram_update(state, x, axis, absolute, xp, collective, None)
+
+
+def abs_histogram_update(state: CalibHistogram, x: Array, seen: tuple[Array, Array], /, *, axis: int | None,
+                         xp: Any) -> CalibHistogram:
+    """``calib_histogram_update(state, x, axis=axis, absolute=True)`` (no collective, ``x`` not empty) for a
+    caller that already holds ``seen``, the finite range ``(min, max)`` of ``x`` per channel as the state's
+    dtype (:func:`~observers_core.minmax_update` with ``ignore_nonfinite``): one pass over ``x`` fewer.
+    ``|x|`` reaches ``max(-min, max)``, so ``seen`` gives the same range, bit for bit, where casting ``x``
+    to the state's dtype creates no infinity (``x`` of that dtype or a narrower one)."""
+    return _histogram_update(state, x, axis, True, xp, None, seen)
+
+
+def _histogram_update(state, x, axis, absolute, xp, collective, seen) -> CalibHistogram:
+    """:func:`calib_histogram_update` after its checks; ``seen``: as in :func:`abs_histogram_update`, or None."""
     rows = _rows(state, xp)
     channels, bins = rows.counts.shape
     if axis is None:
@@ -963,16 +978,18 @@ def calib_histogram_update(
     values = xp.astype(values, rows.lo.dtype, copy=False)
     # host memory with the compiled kernels: one pass each for range and counts
     host = host_view(values, xp) if size(x) > 0 else None
-    if size(x) == 0:  # only with a collective: this member contributes nothing
-        low, high = xp.full_like(rows.min_val, INF), xp.full_like(rows.max_val, -INF)
-    elif host is not None:  # the signed finite range per row; |x| reaches max(-low, high) (+0.0, never -0.0)
-        low, high = host_finite_range(values, (1,), xp)
-        if absolute:
-            low, high = xp.where(low <= high, 0.0, low), xp.maximum(-low, high) + 0.0
-    else:
+    if host is None and size(x) > 0:  # the array code counts |x| of the finite values
         if absolute:
             values = xp.abs(values)
         finite = xp.isfinite(values)
+    if size(x) == 0:  # only with a collective: this member contributes nothing
+        low, high = xp.full_like(rows.min_val, INF), xp.full_like(rows.max_val, -INF)
+    elif host is not None or seen is not None:  # the signed finite range per row; |x| reaches max(-low, high)
+        low, high = host_finite_range(values, (1,), xp) if seen is None else (
+            xp.reshape(xp.astype(a, rows.lo.dtype), (channels,)) for a in seen)
+        if absolute:  # (+0.0, never -0.0)
+            low, high = xp.where(low <= high, 0.0, low), xp.maximum(-low, high) + 0.0
+    else:
         low = xp.min(xp.where(finite, values, INF), axis=-1)
         high = xp.max(xp.where(finite, values, -INF), axis=-1)
     if absolute:

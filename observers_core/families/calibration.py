@@ -25,6 +25,7 @@ import numpy as np
 
 from .._calibration import (
     CalibHistogram,
+    abs_histogram_update,
     calib_histogram_edges,
     calib_histogram_init,
     calib_histogram_merge,
@@ -152,11 +153,22 @@ def describe(config: CalibConfig, ch_axis: int) -> str:
     return ", ".join(parts)
 
 
-def abs_histogram(x: Array, *, axis: int | None, bins: int, xp: Any, collective: Any = None) -> CalibHistogram:
+def abs_histogram(x: Array, *, axis: int | None, bins: int, xp: Any, collective: Any = None,
+                  seen: tuple[Array, Array] | None = None) -> CalibHistogram:
     """A fresh :class:`~observers_core.CalibHistogram` of ``|x|`` (per channel along ``axis``; with a
-    collective, of every member's ``x``)."""
+    collective, of every member's ``x``). ``seen``: :func:`observed_range` of ``x``, when the caller has it."""
     channels = None if axis is None else x.shape[axis]
     state = calib_histogram_init(bins=bins, num_channels=channels, device=device_of(x), xp=xp)
+    return _abs_update(state, x, axis, xp, collective, seen)
+
+
+def _abs_update(state: CalibHistogram, x: Array, axis: int | None, xp: Any, collective: Any,
+                seen: tuple[Array, Array] | None) -> CalibHistogram:
+    """``x`` counted into the histogram of ``|x|``; from the batch's finite range ``seen`` where that is
+    exact (:func:`~observers_core._calibration.abs_histogram_update`: no collective, ``x`` not float64,
+    whose cast to float32 may overflow), one pass over ``x`` fewer."""
+    if seen is not None and collective is None and size(x) > 0 and x.dtype != xp.float64:
+        return abs_histogram_update(state, x, seen, axis=axis, xp=xp)
     return calib_histogram_update(state, x, axis=axis, absolute=True, xp=xp, collective=collective)
 
 
@@ -267,8 +279,8 @@ def batch_update(state: MinMaxState, x: Array, /, *, axis: int | None, config: C
     """One batch of a per-batch method (percentile, MSE, mix): its clipped range averaged into ``state``;
     also MixObserver's choice (``None`` otherwise). ``x`` must not be empty, unless a collective makes
     the batch every member's (then the histogram, range and Mix errors are every member's)."""
-    hist = abs_histogram(x, axis=axis, bins=config.bins, xp=xp, collective=collective)
     lo, hi = observed_range(x, axis=axis, xp=xp, collective=collective)
+    hist = abs_histogram(x, axis=axis, bins=config.bins, xp=xp, collective=collective, seen=(lo, hi))
     choice = None
     if config.method == "mix":
         lo, hi, choice = mix_range(x, hist, lo, hi, axis=axis, config=config, xp=xp, collective=collective)
@@ -296,10 +308,10 @@ def kl_accumulate(acc: KLAccumulator, x: Array, /, *, axis: int | None, xp: Any,
                   ) -> KLAccumulator:
     """``x`` counted into the histogram of ``|x|`` and the running finite range (with a collective,
     every member's ``x``: exactly the accumulator of the concatenated batch)."""
-    return KLAccumulator(
-        calib_histogram_update(acc.hist, x, axis=axis, absolute=True, xp=xp, collective=collective),
-        minmax_update(acc.seen, x, axis=axis, ignore_nonfinite=True, xp=xp, collective=collective),
-    )
+    lo, hi = observed_range(x, axis=axis, xp=xp, collective=collective)
+    hist = _abs_update(acc.hist, x, axis, xp, collective, (lo, hi))  # (checks the channel count)
+    # minmax_update(acc.seen, x)'s operations, in its order
+    return KLAccumulator(hist, MinMaxState(xp.minimum(lo, acc.seen.min_val), xp.maximum(hi, acc.seen.max_val)))
 
 
 def kl_merge(a: KLAccumulator, b: KLAccumulator, /, *, xp: Any = None) -> KLAccumulator:
