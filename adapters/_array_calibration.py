@@ -54,8 +54,7 @@ from typing import Any
 
 from observers_core._dtypes import QScheme
 from observers_core._minmax import MinMaxState
-from observers_core._collective import check_collective
-from observers_core._namespace import device_of, size
+from observers_core._namespace import size
 from observers_core._qparams import QParams
 from observers_core.families.calibration import (
     CalibConfig,
@@ -79,9 +78,8 @@ Array = Any
 
 
 class _CalibrationObserver(UniformQuantizationObserverBase):
-    """Shared by the four observers: configuration, the observe loop and the pure hooks
-    (``_compute_batch``, ``_compute_accumulate``, ``_compute_kl``) that JAX jits and CuPy runs on the
-    state's device."""
+    """Shared by the four observers: configuration and the per-batch step (``batch_update`` of the
+    core, run by the backend)."""
 
     _METHOD = ""
 
@@ -120,26 +118,14 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
         """The validated, hashable calibration configuration."""
         return self._config
 
-    # -- hooks ---------------------------------------------------------------------------------
+    # -- the core's steps, through the backend -------------------------------------------------
     def _compute_batch(self, state: MinMaxState, x: Array, axis: int | None,
                        collective: Any = None) -> tuple[MinMaxState, Array | None]:
-        return batch_update(state, x, axis=axis, config=self._config, xp=self._xp, collective=collective)
+        return self._backend.run(batch_update, state, x, axis=axis, config=self._config, xp=self._xp,
+                                 collective=collective)  # fmt: skip
 
     def _compute_update(self, state: MinMaxState, x: Array, axis: int | None, collective: Any = None) -> MinMaxState:
         return self._compute_batch(state, x, axis, collective)[0]
-
-    # -- observe -------------------------------------------------------------------------------
-    def __call__(self, x: Array) -> Array:
-        """Observe ``x`` and return it (the same object). Errors leave the state untouched."""
-        x_arr, axis = self._check_input(x)
-        if size(x_arr) == 0:
-            return x
-        state = self._state
-        if state is None:
-            state = self._new_state(x_arr, x_arr.shape[axis] if self._PER_CHANNEL else None)
-        self._check_fits(state, x_arr, axis)
-        self._observe(state, x_arr, axis)
-        return x
 
     def _observe(self, state: MinMaxState, x: Array, axis: int | None) -> None:
         self._state, self.last_choice = self._compute_batch(state, x, axis)
@@ -288,22 +274,21 @@ class KLObserver(_CalibrationObserver):
         """The accumulated histogram and range (``None`` before the first batch; not in the state dict)."""
         return self._acc
 
-    # -- hooks ---------------------------------------------------------------------------------
-    def _new_accumulator(self, x: Array, num_channels: int | None) -> KLAccumulator:
-        device = self._device if self._device is not None else device_of(x)
-        return kl_init(num_channels, bins=self._config.bins, device=device, xp=self._xp)
+    # -- the core's steps, through the backend -------------------------------------------------
+    def _make_accumulator(self, num_channels: int | None) -> Any:
+        return lambda device: kl_init(num_channels, bins=self._config.bins, device=device, xp=self._xp)
 
     def _compute_accumulate(self, acc: KLAccumulator, x: Array, axis: int | None,
                             collective: Any = None) -> KLAccumulator:
-        return kl_accumulate(acc, x, axis=axis, xp=self._xp, collective=collective)
+        return self._backend.run(kl_accumulate, acc, x, axis=axis, xp=self._xp, collective=collective)
 
     def _compute_kl(self, state: MinMaxState, acc: KLAccumulator) -> MinMaxState:
-        return kl_update(state, acc, config=self._config, xp=self._xp)
+        return self._backend.run(kl_update, state, acc, config=self._config, xp=self._xp)
 
     def _fitting_accumulator(self, acc: KLAccumulator | None, x: Array, axis: int | None) -> KLAccumulator:
         """``acc`` (a new one for ``None``) after checking that ``x`` has its channel count."""
         channels = x.shape[axis] if self._PER_CHANNEL else None
-        acc = acc if acc is not None else self._new_accumulator(x, channels)
+        acc = acc if acc is not None else self._backend.empty(self._make_accumulator(channels), self._device, x)
         if self._PER_CHANNEL and tuple(acc.seen.min_val.shape) != (channels,):
             raise ValueError(
                 f"x has {channels} channels along ch_axis={self.ch_axis} but the KL histogram holds "
@@ -319,18 +304,19 @@ class KLObserver(_CalibrationObserver):
 
     def init_accumulator(self, num_channels: int | None = None) -> KLAccumulator:
         """An empty accumulator (of ``num_channels`` channels for a per-channel observer)."""
-        return kl_init(num_channels, bins=self._config.bins, device=self._device, xp=self._xp)
+        return self._backend.empty(self._make_accumulator(num_channels), self._device)
 
-    def accumulate(self, acc: KLAccumulator | None, x: Array, *, collective: Any = None) -> KLAccumulator | None:
+    def accumulate(self, acc: KLAccumulator | None, x: Array, *, collective: Any = None,
+                   axis_name: Any = None) -> KLAccumulator | None:
         """Pure: the accumulator after also counting ``x`` (``None`` starts one; ``acc`` is not modified;
-        empty ``x``: ``acc``). With a :class:`~observers_core.Collective` the batch is every member's:
-        each member holds the accumulator of the concatenated batches (an empty ``x`` takes part)."""
-        x, axis = self._check_input(x)
-        if check_collective(collective) is None:
-            if size(x) == 0:
-                return acc
-        else:
-            axis = self._channel_axis(x)
+        empty ``x``: ``acc``). With a :class:`~observers_core.Collective` (JAX: ``axis_name=`` inside
+        ``shard_map``/``pmap``) the batch is every member's: each member holds the accumulator of the
+        concatenated batches (an empty ``x`` takes part)."""
+        x = self._check_input(x)
+        collective = self._backend.collective(collective, axis_name)
+        if collective is None and size(x) == 0:
+            return acc
+        axis = self._channel_axis(x)
         return self._compute_accumulate(self._fitting_accumulator(acc, x, axis), x, axis, collective)
 
     def kl_step(self, state: MinMaxState | None, acc: KLAccumulator) -> MinMaxState:

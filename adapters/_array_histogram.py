@@ -41,7 +41,7 @@ import numpy as np
 from observers_core._dtypes import FLOAT32_EPS, QScheme
 from observers_core._histogram import DST_BITS, HistogramState, check_bins, check_upsample_rate
 from observers_core.families import histogram as family
-from observers_core._namespace import device_of as _device_of
+from observers_core._namespace import device_of
 from observers_core._qparams import QParams
 
 from ._array_observers import UniformQuantizationObserverBase, check_entry, check_keys
@@ -151,11 +151,10 @@ class HistogramObserver(UniformQuantizationObserverBase):
         """A state that has seen nothing: zero counts, ``min_val=+inf``, ``max_val=-inf``."""
         if num_channels is not None:
             raise ValueError(f"num_channels must be None for {type(self).__name__}, got {num_channels!r}")
-        return family.init(self.update_config, xp=self._xp, device=self._device)
+        return super().init_state()
 
-    def _new_state(self, x: Array, num_channels: int | None) -> HistogramState:
-        device = self._device if self._device is not None else _device_of(x)
-        return family.init(self.update_config, xp=self._xp, device=device)
+    def _make_state(self, num_channels: int | None) -> Any:
+        return lambda device: family.init(self.update_config, xp=self._xp, device=device)
 
     @property
     def update_config(self) -> family.Config:
@@ -191,18 +190,18 @@ class HistogramObserver(UniformQuantizationObserverBase):
     def histogram(self) -> Array:
         return self.state.histogram
 
-    # -- update and qparams (JAX jits these hooks, CuPy runs them on the state's device) -----------
+    # -- update and qparams (through the backend: JAX jits them, CuPy runs them on the state's device) --
     def _compute_update(self, state: HistogramState, x: Array, axis: int | None, collective: Any = None) -> HistogramState:
-        return family.update(self.update_config, state, x, collective=collective)
+        return self._backend.run(family.update, self.update_config, state, x, collective=collective)
 
     def _compute_qparams(self, state: HistogramState) -> QParams:
-        return family.qparams(self.config, state)
+        return self._backend.run(family.qparams, self.config, state)
 
-    def update(self, state: HistogramState, x: Array, *, collective: Any = None) -> HistogramState:
+    def update(self, state: HistogramState, x: Array, *, collective: Any = None, axis_name: Any = None) -> HistogramState:
         """Pure: the state after observing ``x`` (:func:`observers_core.histogram_update`); empty ``x``
-        returns ``state``. With a :class:`~observers_core.Collective`, the batch is every member's (range
-        agreed first, integer counts summed; an empty ``x`` still takes part)."""
-        return super().update(self._as_state(state), x, collective=collective)
+        returns ``state``. With a :class:`~observers_core.Collective` (JAX: ``axis_name=``), the batch is
+        every member's (range agreed first, integer counts summed; an empty ``x`` still takes part)."""
+        return super().update(self._as_state(state), x, collective=collective, axis_name=axis_name)
 
     def qparams(self, state: HistogramState) -> QParams:
         """Pure: :func:`observers_core.histogram_qparams` of ``state``."""
@@ -218,7 +217,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         """``{"eps": (1,), "histogram": (bins,), "min_val": (), "max_val": ()}``, float32, with torch's key
         names, order and shapes."""
         state = self.state
-        eps = self._xp.asarray([self._spec.eps], dtype=self._xp.float32, device=_device_of(state.min_val))
+        eps = self._xp.asarray([self._spec.eps], dtype=self._xp.float32, device=device_of(state.min_val))
         return {"eps": eps, "histogram": state.histogram, "min_val": state.min_val, "max_val": state.max_val}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

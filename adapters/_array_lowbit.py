@@ -31,25 +31,22 @@ from typing import Any
 
 import numpy as np
 
-from observers_core._collective import check_collective
 from observers_core._dtypes import FLOAT32_EPS
-from observers_core._lowbit import LowBitSpec, lowbit_fake_quantize, lowbit_qparams
+from observers_core._lowbit import LowBitSpec
 from observers_core._minmax import MinMaxState
 from observers_core._mx import BlockScale
-from observers_core._namespace import check_real, size
+from observers_core._namespace import size
 from observers_core._qparams import QParams
+from observers_core._validate import check_bool
+from observers_core.families import lowbit as family
 from observers_core.families.lowbit import (
     UNINITIALIZED_WARNING,
     check_axis,
-    check_fake_quantize_input,
     check_loaded_stats,
     describe,
     make_spec,
-    observe,
     unobserved_state,
 )
-
-from observers_core._validate import check_bool
 
 from ._array_observers import ObserverBase, check_entry, check_keys
 
@@ -106,16 +103,16 @@ class LowBitObserver(ObserverBase):
         """The validated, hashable configuration."""
         return self._spec
 
-    # -- hooks (JAX jits them, CuPy runs them on the state's device) -----------------------------
-    def _compute_update(self, state: MinMaxState | None, x: Array, collective: Any = None) -> MinMaxState:
-        return observe(state, x, spec=self._spec, ignore_nonfinite=self.ignore_nonfinite, xp=self._xp,
-                       collective=collective)  # fmt: skip
+    @property
+    def config(self) -> family.Config:
+        """The low-bit family's configuration (:class:`observers_core.families.lowbit.Config`)."""
+        return family.Config(self._spec, self.is_dynamic, self.ignore_nonfinite)
 
-    def _compute_qparams(self, state: MinMaxState) -> QParams | BlockScale:
-        return lowbit_qparams(state, self._spec, xp=self._xp)
-
-    def _compute_fake_quantize(self, x: Array, qparams: QParams | BlockScale) -> Array:
-        return lowbit_fake_quantize(x, qparams, self._spec, xp=self._xp)
+    @property
+    def _step_config(self) -> family.Config:
+        """The configuration the core steps run with: the dynamic mode is the observer's (``update`` drops
+        the state), so static and dynamic observers share one compiled update under JAX."""
+        return family.Config(self._spec, False, self.ignore_nonfinite)
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -148,35 +145,39 @@ class LowBitObserver(ObserverBase):
         """Forget everything seen."""
         self._state = None
 
-    # -- observe -------------------------------------------------------------------------------
+    # -- observe (the family's pure steps, through the backend) ---------------------------------
     def _check_input(self, x: Array) -> Array:
-        x = self._coerce_input(x)
-        check_real(x, self._xp, name="x")
+        x = super()._check_input(x)
         check_axis(x, self._spec)
         return x
 
-    def update(self, state: MinMaxState | None, x: Array, *, collective: Any = None) -> MinMaxState | None:
+    def update(self, state: MinMaxState | None, x: Array, *, collective: Any = None,
+               axis_name: Any = None) -> MinMaxState | None:
         """Pure: the state after observing ``x`` (``state=None``: nothing seen yet; dynamic mode ignores
-        ``state``). Empty ``x`` returns ``state``. With a :class:`~observers_core.Collective` the batch
-        statistics are every member's, merged elementwise (``x`` of one shape on every member; an empty
-        ``x`` still takes part once the state exists)."""
+        ``state``). Empty ``x`` returns ``state``. With a :class:`~observers_core.Collective` (JAX:
+        ``axis_name=`` inside ``shard_map``/``pmap``) the batch statistics are every member's, merged
+        elementwise (``x`` of one shape on every member; an empty ``x`` still takes part once the state
+        exists)."""
         x = self._check_input(x)
-        if check_collective(collective) is None and size(x) == 0:
+        collective = self._backend.collective(collective, axis_name)
+        if collective is None and size(x) == 0:
             return state
+        config = self._step_config
         state = None if state is None or self.is_dynamic else MinMaxState(*state)
         if state is not None:
-            self._check_device(x, state)
-        return self._compute_update(state, x, collective)
+            self._backend.check_device(x, state.min_val)
+        else:
+            state = self._backend.identity_start(family.update, config, x)
+        return self._backend.run(family.update, config, state, x, collective=collective)
 
-    def __call__(self, x: Array) -> Array:
-        """Observe ``x`` and return it (the same object). Errors leave the state untouched."""
+    def _observe_input(self, x: Array) -> Array:
         self._state = self.update(self._state, x)
         return x
 
     # -- qparams -------------------------------------------------------------------------------
     def qparams(self, state: MinMaxState) -> QParams | BlockScale:
         """Pure: :func:`observers_core.lowbit_qparams` of ``state``."""
-        return self._compute_qparams(MinMaxState(*state))
+        return self._backend.run(family.qparams, self._step_config, MinMaxState(*state))
 
     def calculate_qparams(self) -> QParams | BlockScale:
         """``QParams(scale, zero_point)`` (integers, fp8) or ``BlockScale(scale, exponent)`` (MX, BFP16) of
@@ -185,11 +186,8 @@ class LowBitObserver(ObserverBase):
         entry that has seen nothing (integers ``[1.], [0]`` as torch)."""
         if self._state is None:
             warnings.warn(UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
-            return self._compute_qparams(self._unobserved_state())
-        return self._compute_qparams(self._state)
-
-    def _unobserved_state(self) -> MinMaxState:
-        return unobserved_state(self._xp)
+            return self.qparams(unobserved_state(self._xp))
+        return self.qparams(self._state)
 
     def fake_quantize(self, x: Array) -> Array:
         """Quantize-dequantize ``x`` with :meth:`calculate_qparams` (``x`` must fit the statistics'
@@ -197,9 +195,8 @@ class LowBitObserver(ObserverBase):
         x = self._check_input(x)
         if self._state is None:
             raise RuntimeError(f"{type(self).__name__}.fake_quantize needs observed statistics; call the observer on data first")
-        self._check_device(x, self._state)
-        check_fake_quantize_input(x, self._state, self._spec)
-        return self._compute_fake_quantize(x, self._compute_qparams(self._state))
+        self._backend.check_device(x, self._state.min_val)
+        return self._backend.run(family.fake_quantize, self._step_config, self._state, x)
 
     # -- state dict ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Array]:

@@ -16,22 +16,21 @@ an observer that has seen nothing), where torch has int32/int64.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-import types
 import warnings
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
-import array_api_compat
 import numpy as np
 
-from observers_core._collective import check_collective
 from observers_core._dtypes import FLOAT32_EPS, QScheme, QuantSpec, quant_spec
-from observers_core._minmax import MinMaxState, minmax_init, minmax_qparams, minmax_update, moving_average_update
-from observers_core._namespace import check_real, index_dtype, namespace_of, normalize_axis, size
+from observers_core._minmax import MinMaxState, minmax_init
+from observers_core._namespace import check_real, device_of, index_dtype, normalize_axis, size
 from observers_core._qparams import QParams
 from observers_core._validate import check_averaging_constant, check_bool, check_eps
+from observers_core.families import minmax as family
+
+from ._backend import EXTENSION_FLOATS, Backend
 
 __all__ = [
     "ObserverBase",
@@ -46,19 +45,6 @@ __all__ = [
 ]
 
 Array = Any
-
-#: NumPy extension float dtypes (ml_dtypes) that the array-API namespaces do not know; cast to float32.
-_EXTENSION_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
-
-
-def _resolve_namespace(xp: Any) -> Any:
-    """The array-API namespace of ``xp`` (``None``: ``array_api_compat.numpy``; see :func:`namespace_of`)."""
-    if xp is None:
-        import array_api_compat.numpy as np_xp
-
-        return np_xp
-    return namespace_of(xp)
-
 
 def host_array(value: Any, name: str) -> np.ndarray:
     """A state-dict entry (numpy, cupy, jax, torch CPU, array_api_strict...) as a numpy array."""
@@ -79,7 +65,7 @@ def host_array(value: Any, name: str) -> np.ndarray:
 def check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.ndarray:
     """``value`` as a float64 numpy array after checking dtype and (if given) shape."""
     arr = host_array(value, name)
-    if arr.dtype.name in _EXTENSION_FLOATS:
+    if arr.dtype.name in EXTENSION_FLOATS:
         arr = arr.astype(np.float32)
     if arr.dtype.kind not in "fiu":
         raise TypeError(f"state_dict[{name!r}] must hold real numbers, got dtype {arr.dtype}")
@@ -129,64 +115,42 @@ def check_minmax_entries(
     return eps_val, lo32, hi32
 
 
-class _ModuleName(NamedTuple):
-    """A module (an array namespace) in a pickled or deep-copied observer: imported again on load."""
-
-    name: str
-
-
 class ObserverBase:
-    """What every observer shares: the array namespace, input checks, device placement.
+    """What every observer shares: its :class:`~observers_core.adapters._backend.Backend` (the array
+    library: input coercion, devices, how the pure core runs), ``dtype`` and ``is_dynamic``.
 
-    Framework adapters override the ``_``-prefixed hooks (``_namespace``, ``_coerce_input``,
-    ``_check_device``, ``_place``) and nothing else of the plumbing.
+    A framework binds the generic classes to its backend by setting ``_BACKEND_TYPE``; nothing else.
     """
+
+    _BACKEND_TYPE: type[Backend] = Backend
 
     def __init__(self, dtype: Any, is_dynamic: bool = False, *, xp: Any = None, device: Any = None) -> None:
         self.dtype = dtype
         self.is_dynamic = check_bool(is_dynamic, "is_dynamic")
-        self._xp = self._namespace(xp)
-        self._device = device
+        self._backend = self._BACKEND_TYPE.namespace(xp)
+        self._device = self._backend.normalize_device(device)
 
-    # -- copy and pickle: the namespace module travels by name ---------------------------------------
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: _ModuleName(v.__name__) if isinstance(v, types.ModuleType) else v for k, v in self.__dict__.items()}
+    @property
+    def _xp(self) -> Any:
+        return self._backend.xp
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(
-            {k: importlib.import_module(v.name) if isinstance(v, _ModuleName) else v for k, v in state.items()}
-        )
+    def __call__(self, x: Array) -> Array:
+        """Observe ``x`` and return it (the same object). Errors leave the state untouched."""
+        self._backend.check_stateful_call(x, type(self).__name__)
+        return self._observe_input(x)
 
-    # -- hooks ---------------------------------------------------------------------------------------
-    @classmethod
-    def _namespace(cls, xp: Any) -> Any:
-        return _resolve_namespace(xp)
-
-    def _coerce_input(self, x: Array) -> Array:
-        """``x`` as an array of this observer's namespace (``TypeError`` naming ``x`` otherwise)."""
-        try:
-            x_xp = array_api_compat.array_namespace(x)
-        except TypeError:
-            x_xp = None
-        if x_xp is not self._xp:
-            raise TypeError(
-                f"x must be an array of {self._xp.__name__}, got {type(x).__module__}.{type(x).__name__}"
-            )
-        if getattr(x.dtype, "name", None) in _EXTENSION_FLOATS:  # ml_dtypes bfloat16 & co. on numpy
-            x = x.astype(np.float32)
+    def _observe_input(self, x: Array) -> Array:
         return x
 
-    def _check_device(self, x: Array, state: MinMaxState) -> None:
-        """``ValueError`` unless ``x`` lives on the state's device."""
-        x_dev = array_api_compat.device(x)
-        s_dev = array_api_compat.device(state.min_val)
-        if x_dev != s_dev:
-            raise ValueError(f"x is on device {x_dev} but this observer's state is on {s_dev}; move x there")
+    def _check_input(self, x: Array) -> Array:
+        """``x`` in this backend's namespace, real-valued (``TypeError`` otherwise)."""
+        x = self._backend.coerce(x)
+        check_real(x, self._xp, name="x")
+        return x
 
-    def _place(self, arr: np.ndarray, dtype: Any, like: Array | None = None) -> Array:
-        """A host array as an array of this namespace, on ``like``'s device (or the observer's)."""
-        device = array_api_compat.device(like) if like is not None else self._device
-        return self._xp.asarray(arr, dtype=dtype, device=device)
+    def _place(self, host: np.ndarray, dtype: Any, like: Array | None = None) -> Array:
+        """A host array on ``like``'s device (or the observer's)."""
+        return self._backend.place(host, dtype, like, self._device)
 
     def forward(self, x: Array) -> Array:
         """Alias of ``__call__`` (the name torch's observers use)."""
@@ -284,7 +248,11 @@ class UniformQuantizationObserverBase(ObserverBase):
                 raise TypeError(f"num_channels must be a non-negative int for {type(self).__name__}, got {num_channels!r}")
         elif num_channels is not None:
             raise ValueError(f"num_channels must be None for the per-tensor {type(self).__name__}, got {num_channels!r}")
-        return minmax_init(num_channels=num_channels, device=self._device, xp=self._xp)
+        return self._backend.empty(self._make_state(num_channels), self._device)
+
+    def _make_state(self, num_channels: int | None) -> Any:
+        """``device -> the empty state`` (``num_channels`` per channel)."""
+        return lambda device: minmax_init(num_channels=num_channels, device=device, xp=self._xp)
 
     @property
     def state(self) -> MinMaxState | None:
@@ -329,8 +297,7 @@ class UniformQuantizationObserverBase(ObserverBase):
     def _new_state(self, x: Array, num_channels: int | None) -> MinMaxState:
         """The empty state for the first input ``x``: on the observer's device if one was given, else on
         ``x``'s device."""
-        device = self._device if self._device is not None else array_api_compat.device(x)
-        return minmax_init(num_channels=num_channels, device=device, xp=self._xp)
+        return self._backend.empty(self._make_state(num_channels), self._device, x)
 
     # -- update --------------------------------------------------------------------------------------
     def _channel_axis(self, x: Array) -> int | None:
@@ -338,28 +305,22 @@ class UniformQuantizationObserverBase(ObserverBase):
             return None
         return normalize_axis(self.ch_axis, x.ndim, name="ch_axis")
 
-    def _check_input(self, x: Array) -> tuple[Array, int | None]:
-        """``x`` in this namespace with its channel axis; ``TypeError``/``ValueError`` for bad inputs."""
-        x = self._coerce_input(x)
-        check_real(x, self._xp, name="x")
-        return x, (self._channel_axis(x) if size(x) else None)
-
     def _check_fits(self, state: MinMaxState, x: Array, axis: int | None) -> None:
         if axis is not None and state.min_val.shape != (x.shape[axis],):
             raise ValueError(
                 f"x has {x.shape[axis]} channels along ch_axis={self.ch_axis} but the state holds "
                 f"{state.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
             )
-        self._check_device(x, state)
+        self._backend.check_device(x, state.min_val)
+
+    def _family_config(self, axis: int | None) -> family.Config:
+        """The min/max family's configuration with the input's (normalised) channel axis."""
+        return family.Config(self._spec, self._averaging_constant, axis, self.ignore_nonfinite)
 
     def _compute_update(self, state: MinMaxState, x: Array, axis: int | None, collective: Any = None) -> MinMaxState:
-        """The core update (JAX runs this under ``jax.jit``)."""
-        return core_update(
-            state, x, axis=axis, averaging_constant=self._averaging_constant,
-            ignore_nonfinite=self.ignore_nonfinite, xp=self._xp, collective=collective,
-        )
+        return self._backend.run(family.update, self._family_config(axis), state, x, collective=collective)
 
-    def update(self, state: MinMaxState, x: Array, *, collective: Any = None) -> MinMaxState:
+    def update(self, state: MinMaxState, x: Array, *, collective: Any = None, axis_name: Any = None) -> MinMaxState:
         """Pure update: the state after observing ``x`` (``state`` itself is not modified).
 
         Running: ``x_min = min(x_min, min(X))``; moving average: ``x_min = x_min + c * (min(X) - x_min)``
@@ -368,33 +329,36 @@ class UniformQuantizationObserverBase(ObserverBase):
         With a :class:`~observers_core.Collective` (every member of the group calls ``update`` in step)
         the batch is every member's: each member ends with the state of one update on the concatenated
         batches. An empty ``x`` then still takes part (per channel it must have the channel axis).
+        JAX: ``axis_name=`` inside ``jax.shard_map``/``jax.pmap`` over that axis does the same across the
+        devices (:class:`~observers_core.adapters.jax.AxisCollective`); other backends refuse it.
         """
-        x, axis = self._check_input(x)
-        if check_collective(collective) is None:
-            if size(x) == 0:
-                return state
-            self._check_fits(state, x, axis)
-            return self._compute_update(state, x, axis)
+        x = self._check_input(x)
+        collective = self._backend.collective(collective, axis_name)
+        if collective is None and size(x) == 0:
+            return state
         axis = self._channel_axis(x)
         self._check_fits(state, x, axis)
         return self._compute_update(state, x, axis, collective)
 
-    def __call__(self, x: Array) -> Array:
-        """Observe ``x`` and return it (the same object). Errors leave the state untouched."""
-        x_arr, axis = self._check_input(x)
+    def _observe_input(self, x: Array) -> Array:
+        x_arr = self._check_input(x)
         if size(x_arr) == 0:
             return x
+        axis = self._channel_axis(x_arr)
         state = self._state
         if state is None:
             state = self._new_state(x_arr, x_arr.shape[axis] if self._PER_CHANNEL else None)
         self._check_fits(state, x_arr, axis)
-        self._state = self._compute_update(state, x_arr, axis)
+        self._observe(state, x_arr, axis)
         return x
+
+    def _observe(self, state: MinMaxState, x: Array, axis: int | None) -> None:
+        self._state = self._compute_update(state, x, axis)
 
     # -- qparams -------------------------------------------------------------------------------------
     def _compute_qparams(self, state: MinMaxState) -> QParams:
-        """The core qparams (JAX runs this under ``jax.jit``)."""
-        return minmax_qparams(state, self._spec, xp=self._xp)
+        axis = 0 if self._PER_CHANNEL else None  # the state is (C,): its channel axis is 0
+        return self._backend.run(family.qparams, self._family_config(axis), state)
 
     def qparams(self, state: MinMaxState) -> QParams:
         """Pure: ``(scale, zero_point)`` of ``state`` (see :func:`observers_core.calculate_qparams`)."""
@@ -425,8 +389,7 @@ class UniformQuantizationObserverBase(ObserverBase):
         state = self._state
         if state is None:
             state = self.init_state(0) if self._PER_CHANNEL else self.init_state()
-        device = array_api_compat.device(state.min_val)
-        eps = xp.asarray([self._spec.eps], dtype=xp.float32, device=device)
+        eps = xp.asarray([self._spec.eps], dtype=xp.float32, device=device_of(state.min_val))
         return {"eps": eps, "min_val": state.min_val, "max_val": state.max_val}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -458,20 +421,6 @@ class UniformQuantizationObserverBase(ObserverBase):
             f"quant_max={self.quant_max}, min_val={None if s is None else s.min_val}, "
             f"max_val={None if s is None else s.max_val}"
         )
-
-
-def core_update(
-    state: MinMaxState, x: Array, *, axis: int | None, averaging_constant: float | None, ignore_nonfinite: bool, xp: Any,
-    collective: Any = None,
-) -> MinMaxState:
-    """Running min/max (``averaging_constant=None``) or moving average, by the core (with ``collective``:
-    over every member's batch)."""
-    if averaging_constant is None:
-        return minmax_update(state, x, axis=axis, ignore_nonfinite=ignore_nonfinite, xp=xp, collective=collective)
-    return moving_average_update(
-        state, x, averaging_constant=averaging_constant, axis=axis, ignore_nonfinite=ignore_nonfinite, xp=xp,
-        collective=collective,
-    )
 
 
 class MinMaxObserver(UniformQuantizationObserverBase):
@@ -630,9 +579,6 @@ class FixedQParamsObserver(ObserverBase):
     def _to_arrays(self, s: np.ndarray, z: np.ndarray, like: Array | None) -> tuple[Array, Array]:
         return self._place(s, self._xp.float32, like), self._place(z, self._xp.int32, like)
 
-    def __call__(self, x: Array) -> Array:
-        return x
-
     def calculate_qparams(self) -> QParams:
         return QParams(self._scale, self._zero_point)
 
@@ -674,9 +620,6 @@ class PlaceholderObserver(ObserverBase):
         self.quant_min, self.quant_max = quant_min, quant_max
         self.qscheme = QScheme.PER_TENSOR_AFFINE if qscheme is None else QScheme.parse(qscheme)
         self.eps = FLOAT32_EPS if eps is None else float(eps)
-
-    def __call__(self, x: Array) -> Array:
-        return x
 
     def calculate_qparams(self) -> QParams:
         raise RuntimeError(f"calculate_qparams should not be called for {type(self).__name__}")

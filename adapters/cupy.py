@@ -1,11 +1,12 @@
-"""CuPy observers: ``torch.ao.quantization.observer``'s classes over CuPy arrays, state kept on the GPU.
+"""CuPy observers: torch.ao's, Horizon's and the low-bit observer classes over CuPy arrays, state on the GPU.
 
-Everything but CuPy specifics lives in :mod:`observers_core.adapters._array_observers`. Here: inputs
-must be ``cupy.ndarray`` (a numpy input raises ``TypeError`` rather than being copied to the GPU
-silently); the state is created on the first input's device (or on ``factory_kwargs={"device": d}``,
-``d`` a device id or ``cupy.cuda.Device``), and an input on another device raises ``ValueError``.
-Every update and qparams computation runs with the state's device current (CuPy launches kernels on
-the current device); none synchronises with the host.
+The classes are the generic ones (:mod:`._catalog`) bound to :class:`CupyBackend`; this file is all that
+is CuPy's: inputs must be ``cupy.ndarray`` (a numpy input raises ``TypeError`` rather than being copied
+to the GPU silently); the state (and KLObserver's histogram) is created on the first input's device (or
+on ``factory_kwargs={"device": d}``, ``d`` a device id or ``cupy.cuda.Device``), and an input on another
+device raises ``ValueError``. Every core step runs with its arrays' device current (CuPy launches kernels
+on the current device); the updates never synchronise with the host (the histogram search reads the
+number of candidate ranges and stops once the error rises: a few host reads).
 
 Example::
 
@@ -19,15 +20,70 @@ Example::
 
 from __future__ import annotations
 
-from . import adopt_public_names
+from typing import Any, Callable
 
-from . import _cupy_calibration, _cupy_histogram, _cupy_lowbit, _cupy_minmax
-from ._cupy_minmax import *  # noqa: F401,F403
-from ._cupy_histogram import *  # noqa: F401,F403
-from ._cupy_calibration import *  # noqa: F401,F403
-from ._cupy_lowbit import *  # noqa: F401,F403
+import array_api_compat.cupy as cpx
+import cupy
 
-__all__ = (
-    _cupy_minmax.__all__ + _cupy_histogram.__all__ + _cupy_calibration.__all__ + _cupy_lowbit.__all__
-)
-adopt_public_names(globals())
+from ._backend import Backend
+from ._catalog import CLASSES, bind
+
+__all__ = [cls.__name__ for cls in CLASSES]
+
+Array = Any
+
+
+def _first_device(args: Any) -> cupy.cuda.Device | None:
+    """The device of the first CuPy array in ``args`` (states are tuples); ``None`` if there is none."""
+    for arg in args:
+        if isinstance(arg, cupy.ndarray):
+            return arg.device
+        if isinstance(arg, tuple):
+            for leaf in arg:
+                found = _first_device((leaf,))
+                if found is not None:
+                    return found
+    return None
+
+
+class CupyBackend(Backend):
+    """CuPy through ``array_api_compat.cupy``; every step with its arrays' device current."""
+
+    name = "cupy"
+
+    def __init__(self) -> None:
+        super().__init__(cpx)
+
+    def __reduce__(self) -> str:
+        return "BACKEND"  # the module's one instance
+
+    @classmethod
+    def namespace(cls, xp: Any) -> CupyBackend:
+        if xp is not None:
+            raise TypeError("the CuPy observers always use cupy; xp must not be given")
+        return BACKEND
+
+    def normalize_device(self, device: Any) -> Any:
+        return device if device is None or isinstance(device, cupy.cuda.Device) else cupy.cuda.Device(device)
+
+    def coerce(self, x: Array) -> Array:
+        if not isinstance(x, cupy.ndarray):
+            raise TypeError(
+                f"x must be a cupy.ndarray (use cupy.asarray to move data to the GPU), "
+                f"got {type(x).__module__}.{type(x).__name__}"
+            )
+        return x
+
+    def empty(self, make: Callable[[Any], Any], device: Any, x: Array | None = None) -> Any:
+        target = device if device is not None or x is None else x.device
+        with target if target is not None else cupy.cuda.Device():  # array_api_compat's cupy.full ignores device=
+            return make(target)
+
+    def run(self, fn: Callable[..., Any], /, *args: Any, **static: Any) -> Any:
+        with _first_device(args) or cupy.cuda.Device():
+            return fn(*args, **static)
+
+
+BACKEND = CupyBackend()
+
+globals().update(bind(CupyBackend, __name__))

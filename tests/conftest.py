@@ -163,15 +163,16 @@ def adapter_backend(name: str, generic) -> SimpleNamespace:
     raise AssertionError(name)
 
 
-class TraceCounter:
-    """Wraps a function that runs only while JAX traces and counts the calls."""
+class TraceDelta:
+    """How many times ``jax.jit`` traced ``fn`` since this was made (``counts``: the JAX adapter's
+    ``TRACES``, which its backend increments on every trace of a core function)."""
 
-    def __init__(self, fn):
-        self.fn, self.count = fn, 0
+    def __init__(self, counts, fn):
+        self.counts, self.fn, self.start = counts, fn, counts[fn]
 
-    def __call__(self, *args, **kwargs):
-        self.count += 1
-        return self.fn(*args, **kwargs)
+    @property
+    def count(self) -> int:
+        return self.counts[self.fn] - self.start
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

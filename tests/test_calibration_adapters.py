@@ -31,7 +31,7 @@ from _calibration_reference import (  # noqa: E402
     percentile_range_ref,
     pick_ref,
 )
-from conftest import _cupy_available, adapter_backend, to_numpy, to_torch  # noqa: E402
+from conftest import TraceDelta, _cupy_available, adapter_backend, to_numpy, to_torch  # noqa: E402
 from observers_core.adapters import _array_calibration as generic  # noqa: E402  (no public numpy module)
 from observers_core.adapters import torch as tobs  # noqa: E402
 
@@ -357,17 +357,18 @@ def test_jax_jit_equals_numpy_and_traces_once(cls_name, kwargs):
     per input shape (later batches and a second observer reuse it) and nothing syncs with the host."""
     jax = pytest.importorskip("jax")
     be = make_backend("jax")
-    impl = be.mod._jax_calibration  # through the public module (it imports the family module last)
+    from observers_core.families import calibration as family
+
+    steps = (family.kl_accumulate, family.kl_update) if cls_name == "KLObserver" else (family.batch_update,)
     batches = batches_of(5, n=4)
     ours = make(be, cls_name, **kwargs)
     ref = observe(make(make_backend("numpy"), cls_name, **kwargs), batches, np.asarray)
-    jitted = (impl._jit_accumulate, impl._jit_kl) if cls_name == "KLObserver" else (impl._jit_batch,)
     observe(ours, batches[:2], be.asarray)  # KL: the first update runs at batch 2
-    sizes = [f._cache_size() for f in jitted]
+    traces = [TraceDelta(be.mod.TRACES, step) for step in steps]
     with jax.transfer_guard_device_to_host("disallow"):
         observe(ours, batches[2:], be.asarray)
         observe(make(be, cls_name, **kwargs), batches, be.asarray)
-    assert [f._cache_size() for f in jitted] == sizes
+    assert [t.count for t in traces] == [0] * len(steps)  # later batches and another observer: no new trace
     for a, b in zip(stats(ours), stats(ref)):
         assert_same(a, b, cls_name)
     if cls_name == "MixObserver":

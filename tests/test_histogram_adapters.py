@@ -26,7 +26,7 @@ from observers_core.adapters import _array_histogram as aobs  # noqa: E402
 from observers_core.adapters import torch as ours  # noqa: E402
 
 from _torch_histogram_reference import torch_qparams as reference_qparams  # noqa: E402
-from conftest import TraceCounter, to_numpy  # noqa: E402
+from conftest import TraceDelta, to_numpy  # noqa: E402
 from test_torch_parity import assert_bitwise_equal, one_torch_thread  # noqa: E402,F401
 
 F32 = np.float32
@@ -674,17 +674,15 @@ def test_jax_observer_matches_torch(kind):
         assert_array_parity(theirs, obs, f"{kind} batch {i}", flushed=flush)
 
 
-def test_jax_update_and_qparams_are_jitted_and_traced_once(monkeypatch):
+def test_jax_update_and_qparams_are_jitted_and_traced_once():
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
 
-    from observers_core.adapters import _jax_histogram
     from observers_core.adapters import jax as jobs
+    from observers_core.families import histogram as family
 
-    updates = TraceCounter(_jax_histogram._update_body)
-    qparams = TraceCounter(_jax_histogram._qparams_body)
-    monkeypatch.setattr(_jax_histogram, "_update_body", updates)
-    monkeypatch.setattr(_jax_histogram, "_qparams_body", qparams)
+    updates = TraceDelta(jobs.TRACES, family.update)
+    qparams = TraceDelta(jobs.TRACES, family.qparams)
     # a configuration no other test uses, so that nothing is compiled yet
     obs = jobs.HistogramObserver(bins=24, upsample_rate=7, dtype="qint8", quant_min=-37, quant_max=41)
     rng = np.random.default_rng(0)

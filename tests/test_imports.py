@@ -84,14 +84,6 @@ def test_no_private_name_crosses_a_module_boundary():
     assert not offenders, "\n".join(offenders)
 
 
-@pytest.mark.parametrize("module", ["observers_core.adapters._jax_lowbit", "observers_core.adapters._jax_histogram"])
-def test_family_modules_import_before_their_facade(module):
-    pytest.importorskip("jax")
-    done = subprocess.run([sys.executable, "-c", f"import {module}; import observers_core.adapters.jax"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-
-
 @pytest.mark.parametrize("facade", ["torch", "jax", "cupy"])
 def test_public_classes_name_their_facade(facade):
     """``repr``, pickles and docs name ``observers_core.adapters.<framework>``, not the private file."""

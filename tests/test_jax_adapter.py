@@ -18,8 +18,9 @@ import torch.ao.quantization.observer as tao  # noqa: E402
 
 from observers_core import MinMaxState  # noqa: E402
 from observers_core.adapters import jax as jobs  # noqa: E402
+from observers_core.families import minmax as minmax_family  # noqa: E402
 
-from conftest import TraceCounter  # noqa: E402
+from conftest import TraceDelta  # noqa: E402
 from test_array_adapters import (  # noqa: E402
     KINDS,
     MINMAX_CLASSES,
@@ -133,11 +134,8 @@ def test_qparams_are_bit_exact_over_many_channels():
 # --------------------------------------------------------------------------- jit: traces, host syncs
 
 
-def test_update_is_traced_once_per_shape_and_dtype(monkeypatch):
-    from observers_core.adapters import _jax_minmax
-
-    counter = TraceCounter(_jax_minmax._update_body)
-    monkeypatch.setattr(_jax_minmax, "_update_body", counter)
+def test_update_is_traced_once_per_shape_and_dtype():
+    counter = TraceDelta(jobs.TRACES, minmax_family.update)
     # a configuration (averaging constant) no other test uses, so that nothing is cached yet
     obs = jobs.MovingAveragePerChannelMinMaxObserver(averaging_constant=0.123456789, ch_axis=1)
     rng = np.random.default_rng(0)
@@ -158,11 +156,8 @@ def test_update_is_traced_once_per_shape_and_dtype(monkeypatch):
     assert counter.count == 3
 
 
-def test_calculate_qparams_is_jitted_and_traced_once(monkeypatch):
-    from observers_core.adapters import _jax_minmax
-
-    counter = TraceCounter(_jax_minmax._qparams_body)
-    monkeypatch.setattr(_jax_minmax, "_qparams_body", counter)
+def test_calculate_qparams_is_jitted_and_traced_once():
+    counter = TraceDelta(jobs.TRACES, minmax_family.qparams)
     obs = jobs.MinMaxObserver(dtype="qint8", quant_min=-37, quant_max=41)  # an unused spec
     obs(jnp.arange(5.0))
     first = obs.calculate_qparams()

@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 
 import _lowbit_reference as ref  # noqa: E402
 import observers_core as oc  # noqa: E402
-from conftest import TraceCounter, _cupy_available, adapter_backend, to_numpy, to_torch  # noqa: E402
+from conftest import TraceDelta, _cupy_available, adapter_backend, to_numpy, to_torch  # noqa: E402
 from observers_core.adapters import _array_lowbit as generic  # noqa: E402  (no public numpy module)
 from observers_core.adapters import torch as tobs  # noqa: E402
 
@@ -711,7 +711,7 @@ def test_torch_cuda_buffers_and_qparams_match_cpu():
 # ------------------------------------------------------------------------------------ JAX only
 
 
-def test_jax_update_qparams_and_fake_quantize_trace_once(monkeypatch):
+def test_jax_update_qparams_and_fake_quantize_trace_once():
     """The jitted update traces once per input shape and dtype: the first batch, later batches, other
     observers with the same configuration and dynamic observers share it; qparams and fake
     quantization trace once; nothing syncs with the host."""
@@ -719,15 +719,14 @@ def test_jax_update_qparams_and_fake_quantize_trace_once(monkeypatch):
     import jax.numpy as jnp
     from observers_core.adapters import jax as jobs
 
-    impl = jobs._jax_lowbit
-    counters = {name: TraceCounter(getattr(impl, name)) for name in ("_update_body", "_qparams_body", "_fake_quantize_body")}
-    for name, counter in counters.items():
-        monkeypatch.setattr(impl, name, counter)
+    from observers_core.families import lowbit as family
+
+    counters = {name: TraceDelta(jobs.TRACES, getattr(family, name)) for name in ("update", "qparams", "fake_quantize")}
     config = dict(dtype="int3", axis=0, group_size=5, symmetric=True)  # used by no other test
     xs = [jnp.asarray(b) for b in batches_of(16, shape=(10, 12), n=4)]
     obs = jobs.PerGroupMinMaxObserver(**config)
     obs(xs[0])
-    assert counters["_update_body"].count == 1
+    assert counters["update"].count == 1
     with jax.transfer_guard_device_to_host("disallow"):
         for x in xs[1:]:
             assert obs(x) is x
@@ -737,14 +736,14 @@ def test_jax_update_qparams_and_fake_quantize_trace_once(monkeypatch):
     dynamic = jobs.PerGroupMinMaxObserver(**config, is_dynamic=True)
     for x in xs:
         dynamic(x)
-    assert counters["_update_body"].count == 1
+    assert counters["update"].count == 1
     with jax.transfer_guard_device_to_host("disallow"):
         for o in (obs, other, dynamic):
             o.calculate_qparams()
             o.fake_quantize(xs[0])
-    assert counters["_qparams_body"].count == 1 and counters["_fake_quantize_body"].count == 1
+    assert counters["qparams"].count == 1 and counters["fake_quantize"].count == 1
     obs(jnp.ones((10, 12), jnp.bfloat16))  # a new input dtype traces once more
-    assert counters["_update_body"].count == 2
+    assert counters["update"].count == 2
 
 
 def test_jax_pure_update_composes_with_scan():
