@@ -38,7 +38,8 @@ __all__ = [
     "cascade_kernel", "clip_kernel", "counts_kernel", "cumsum32_kernel", "end_steps_kernel", "errors_kernel",
     "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
     # finite ranges and the calibration histogram
-    "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_sums_kernel", "mse_level_sums_kernel",
+    "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_sums_kernel", "gather_sums_kernel",
+    "mse_level_sums_kernel", "pairwise_sum_kernel",
 ]  # fmt: skip
 
 AVAILABLE = numba is not None
@@ -488,4 +489,88 @@ def mse_level_sums_kernel(p0, p1, r, off, levels, bins):  # pragma: no cover (co
                 y1 += (2.0 * m - 1.0) * g0
                 x1 += p1[c, np.int64(n)]
             out[c, k, 0], out[c, k, 1], out[c, k, 2] = y0, y1, x1
+    return out
+
+
+@kernel()
+def _pairwise_block(a, start, n):  # pragma: no cover (compiled)
+    """NumPy's ``pairwise_sum`` of ``a[start:start + n]`` for ``n <= 128`` (see :func:`pairwise_sum_kernel`)."""
+    if n < 8:
+        res = 0.0
+        for i in range(start, start + n):
+            res += a[i]
+        return res
+    r0, r1, r2, r3 = a[start], a[start + 1], a[start + 2], a[start + 3]
+    r4, r5, r6, r7 = a[start + 4], a[start + 5], a[start + 6], a[start + 7]
+    i = start + 8
+    stop = start + n - n % 8
+    while i < stop:
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < start + n:
+        res += a[i]
+        i += 1
+    return res
+
+
+@kernel()
+def pairwise_sum_kernel(a, start, n):  # pragma: no cover (compiled)
+    """``sum(a[start:start + n])`` of a 1-D float64 array in NumPy's order for a contiguous float64 sum
+    (``pairwise_sum``: below 8 values one by one from 0; up to 128 eight running sums, combined as
+    ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``, then the rest; above 128 the sums of the
+    halves ``n2 = n // 2 - (n // 2) % 8`` and ``n - n2``, added), so it equals ``np.sum`` bit for bit.
+    The recursion runs on an explicit stack (numba's cache mishandles recursive functions)."""
+    if n <= 128:
+        return _pairwise_block(a, start, n)
+    starts = np.empty(64, dtype=np.int64)
+    sizes = np.empty(64, dtype=np.int64)
+    phase = np.zeros(64, dtype=np.int64)
+    sums = np.empty(64, dtype=np.float64)
+    depth, filled = 0, 0
+    starts[0], sizes[0] = start, n
+    while depth >= 0:
+        m = sizes[depth]
+        if m <= 128:  # a leaf: its sum goes on the value stack
+            sums[filled] = _pairwise_block(a, starts[depth], m)
+            filled += 1
+            depth -= 1
+            continue
+        half = m // 2
+        half -= half % 8
+        if phase[depth] == 2:  # both halves done: left + right
+            filled -= 1
+            sums[filled - 1] = sums[filled - 1] + sums[filled]
+            depth -= 1
+            continue
+        phase[depth] += 1
+        child = depth + 1
+        starts[child] = starts[depth] + (0 if phase[depth] == 1 else half)
+        sizes[child] = half if phase[depth] == 1 else m - half
+        phase[child] = 0
+        depth = child
+    return sums[0]
+
+
+@kernel()
+def gather_sums_kernel(values, index, length):  # pragma: no cover (compiled)
+    """``sum(values[:, index].reshape(C, -1, length), axis=-1)`` for float64 ``values`` (C, U): the
+    sums of consecutive runs of ``length`` gathered values, each in NumPy's order
+    (:func:`pairwise_sum_kernel`), without the (C, K, length) temporary."""
+    channels = values.shape[0]
+    count = index.shape[0] // length
+    out = np.empty((channels, count), dtype=np.float64)
+    run = np.empty(length, dtype=np.float64)
+    for c in range(channels):
+        for k in range(count):
+            for j in range(length):
+                run[j] = values[c, index[k * length + j]]
+            out[c, k] = pairwise_sum_kernel(run, 0, length)
     return out
