@@ -48,7 +48,7 @@ from observers_core.families.lowbit import (
     unobserved_state,
 )
 
-from ._array_observers import ObserverBase, check_entry, check_keys
+from ._array_observers import StatefulObserver, check_entry, check_keys
 
 __all__ = [
     "LowBitObserver",
@@ -63,7 +63,7 @@ Array = Any
 # ---------------------------------------------------------------------------------------- classes
 
 
-class LowBitObserver(ObserverBase):
+class LowBitObserver(StatefulObserver):
     """Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
 
     ``obs(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when ``is_dynamic``)
@@ -132,18 +132,6 @@ class LowBitObserver(ObserverBase):
                     f"and {tuple(state.max_val.shape)}"
                 )
         self._state = state
-
-    @property
-    def min_val(self) -> Array:
-        return self.state_dict()["min_val"]
-
-    @property
-    def max_val(self) -> Array:
-        return self.state_dict()["max_val"]
-
-    def reset_min_max_vals(self) -> None:
-        """Forget everything seen."""
-        self._state = None
 
     # -- observe (the family's pure steps, through the backend) ---------------------------------
     def _check_input(self, x: Array) -> Array:

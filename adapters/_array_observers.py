@@ -163,7 +163,25 @@ class ObserverBase:
         return f"dtype={self.dtype!r}"
 
 
-class UniformQuantizationObserverBase(ObserverBase):
+class StatefulObserver(ObserverBase):
+    """An observer with statistics (``_state``; ``None``: nothing seen yet) kept in its ``state_dict``."""
+
+    _state: Any = None
+
+    @property
+    def min_val(self) -> Array:
+        return self.state_dict()["min_val"]
+
+    @property
+    def max_val(self) -> Array:
+        return self.state_dict()["max_val"]
+
+    def reset_min_max_vals(self) -> None:
+        """Forget everything seen (per channel, the channel count too)."""
+        self._state = None
+
+
+class UniformQuantizationObserverBase(StatefulObserver):
     """Configuration of the uniform (scale, zero point) observers, validated by
     :func:`observers_core.quant_spec` and resolved exactly as torch does (``quant_min``/``quant_max``
     are the resolved range, the configuration itself is the hashable :attr:`spec`)."""
@@ -281,18 +299,6 @@ class UniformQuantizationObserverBase(ObserverBase):
                 f"{tuple(state.min_val.shape)} and {tuple(state.max_val.shape)}"
             )
         self._state = state
-
-    @property
-    def min_val(self) -> Array:
-        return self.state_dict()["min_val"]
-
-    @property
-    def max_val(self) -> Array:
-        return self.state_dict()["max_val"]
-
-    def reset_min_max_vals(self) -> None:
-        """Forget everything seen (per channel, the channel count too)."""
-        self._state = None
 
     def _new_state(self, x: Array, num_channels: int | None) -> MinMaxState:
         """The empty state for the first input ``x``: on the observer's device if one was given, else on

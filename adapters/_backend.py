@@ -22,6 +22,7 @@ One instance per framework (:data:`ARRAY` for any namespace given as ``xp=``; ``
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any, Callable
 
 import array_api_compat
@@ -39,7 +40,6 @@ EXTENSION_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz
 class Backend:
     """Any array-API namespace given as ``xp=`` (NumPy by default, ``array_api_strict``...): eager calls."""
 
-    name = "array"
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp
@@ -107,3 +107,20 @@ class Backend:
 def array_backend(name: str) -> Backend:
     """The backend of the namespace module called ``name`` (what a pickled observer stores)."""
     return Backend(importlib.import_module(name))
+
+
+class FrameworkBackend(Backend):
+    """A framework with one namespace (JAX, CuPy): its module holds the one instance, ``BACKEND``, which
+    pickles by that name; the observers refuse ``xp=``."""
+
+    label = ""  #: the framework's name in messages
+    namespace_name = ""  #: what the observers always use
+
+    def __reduce__(self) -> str:
+        return "BACKEND"
+
+    @classmethod
+    def namespace(cls, xp: Any) -> Backend:
+        if xp is not None:
+            raise TypeError(f"the {cls.label} observers always use {cls.namespace_name}; xp must not be given")
+        return sys.modules[cls.__module__].BACKEND

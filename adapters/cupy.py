@@ -25,7 +25,7 @@ from typing import Any, Callable
 import array_api_compat.cupy as cpx
 import cupy
 
-from ._backend import Backend
+from ._backend import FrameworkBackend
 from ._catalog import CLASSES, bind
 
 __all__ = [cls.__name__ for cls in CLASSES]
@@ -46,22 +46,13 @@ def _first_device(args: Any) -> cupy.cuda.Device | None:
     return None
 
 
-class CupyBackend(Backend):
+class CupyBackend(FrameworkBackend):
     """CuPy through ``array_api_compat.cupy``; every step with its arrays' device current."""
 
-    name = "cupy"
+    label, namespace_name = "CuPy", "cupy"
 
     def __init__(self) -> None:
         super().__init__(cpx)
-
-    def __reduce__(self) -> str:
-        return "BACKEND"  # the module's one instance
-
-    @classmethod
-    def namespace(cls, xp: Any) -> CupyBackend:
-        if xp is not None:
-            raise TypeError("the CuPy observers always use cupy; xp must not be given")
-        return BACKEND
 
     def normalize_device(self, device: Any) -> Any:
         return device if device is None or isinstance(device, cupy.cuda.Device) else cupy.cuda.Device(device)

@@ -50,7 +50,7 @@ from jax import lax
 
 from observers_core._collective import check_collective
 
-from ._backend import Backend
+from ._backend import FrameworkBackend
 from ._catalog import CLASSES, bind
 
 __all__ = ["AxisCollective", *(cls.__name__ for cls in CLASSES)]
@@ -148,22 +148,13 @@ def _output_struct(fn: Callable[..., Any], config: Any, shape: tuple[int, ...], 
     return jax.eval_shape(lambda x: fn(config, None, x), jax.ShapeDtypeStruct(shape, dtype))
 
 
-class JaxBackend(Backend):
+class JaxBackend(FrameworkBackend):
     """``jax.numpy``; every core step jitted (see the module docstring); placement is ``jax.jit``'s."""
 
-    name = "jax"
+    label, namespace_name = "JAX", "jax.numpy"
 
     def __init__(self) -> None:
         super().__init__(jnp)
-
-    def __reduce__(self) -> str:
-        return "BACKEND"  # the module's one instance
-
-    @classmethod
-    def namespace(cls, xp: Any) -> JaxBackend:
-        if xp is not None:
-            raise TypeError("the JAX observers always use jax.numpy; xp must not be given")
-        return BACKEND
 
     def coerce(self, x: Array) -> Array:
         if isinstance(x, jax.Array):  # tracers included: obs.update runs inside jit
