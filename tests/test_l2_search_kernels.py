@@ -183,3 +183,77 @@ def test_torch_search_returns_cpu_float32_tensors(enabled, monkeypatch):
     for v in (lo, hi):
         assert isinstance(v, torch.Tensor) and v.dtype == torch.float32 and v.shape == () and v.device.type == "cpu"
     assert torch.equal(hist.detach(), before)
+
+
+def _check_outcome(hist, lo, hi, **kwargs):
+    """``None`` when :func:`check_histogram` accepts, else its message; no warning either way."""
+    import warnings
+
+    with warnings.catch_warnings(), np.errstate(all="warn"):
+        warnings.simplefilter("error")
+        try:
+            S.check_histogram(hist, lo, hi, **kwargs)
+        except ValueError as e:
+            return str(e)
+    return None
+
+
+def test_host_check_equals_the_array_api_check():
+    """NumPy histograms take the check in plain reductions (``_host_flags``): the same accepted set and
+    the same messages as the array-API check (on torch tensors of the same dtypes, the reference) on
+    adversarial counts and bounds, with no floating-point warning (the fixture's errstate is lifted)."""
+    counts = [[1.0, 2.0, 0.0], [0.0, -0.0, 3.0], [-0.0], [1.0, -1e-45, 2.0], [1.0, np.nan, 2.0], [np.inf, 1.0],
+              [1.0, -np.inf], [3e38, 3e38], [np.nan, -1.0], []]  # fmt: skip
+    bounds = [(0.0, 1.0), (-1.0, -1.0), (2.0, 1.0), (np.nan, 1.0), (0.0, np.nan), (np.nan, np.nan), (-np.inf, 1.0),
+              (0.0, np.inf), (-1e39, 1e39), (-0.0, 0.0), (1e-46, 2e-46), (3.4028235e38, 3.4028236e38)]  # fmt: skip
+    dtypes = [np.float32, np.float64, np.float16, np.int64, np.uint8, np.bool_]
+    seen = 0
+    for c in counts:
+        for dtype in dtypes:
+            with np.errstate(all="ignore"):
+                if dtype in (np.int64, np.uint8, np.bool_) and not np.all(np.abs(c) < 256):  # NaN fails too
+                    continue
+                hist = np.asarray(c, dtype=dtype)
+            for lo, hi in bounds:
+                for bound_dtype in (np.float32, np.float64, np.int32):
+                    with np.errstate(all="ignore"):
+                        if bound_dtype is np.int32 and not (abs(lo) < 2**31 and abs(hi) < 2**31):  # NaN fails too
+                            continue
+                        blo, bhi = np.asarray(lo, bound_dtype), np.asarray(hi, bound_dtype)
+                    flags = S._host_flags(hist, blo, bhi)
+                    assert flags is not None, (c, dtype, lo, hi, bound_dtype)
+                    reference = (torch.from_numpy(hist.copy()), torch.from_numpy(blo.copy()), torch.from_numpy(bhi.copy()))
+                    expected = _check_outcome(*reference)
+                    got = _check_outcome(hist, blo, bhi)
+                    assert got == expected, (c, dtype, lo, hi, bound_dtype, got, expected)
+                    got = _check_outcome(hist, bound_dtype(blo[()]), bound_dtype(bhi[()]))  # NumPy scalars
+                    assert got == expected, (c, dtype, lo, hi, bound_dtype, "scalars")
+                    seen += expected is None
+    assert seen > 100  # accepted and rejected cases both occur
+
+
+def test_host_check_leaves_other_inputs_to_the_array_api_check():
+    """Non-NumPy arrays, non-real dtypes and bounds that are not 0-d go through the array-API check."""
+    hist = np.ones(4, np.float32)
+    assert S._host_flags(torch.ones(4), np.float32(0), np.float32(1)) is None
+    assert S._host_flags(hist.astype(np.complex64), np.float32(0), np.float32(1)) is None
+    assert S._host_flags(hist, np.zeros(1, np.float32), np.float32(1)) is None
+    assert S._host_flags(hist, 0.0, 1.0) is None
+    assert _check_outcome(torch.tensor([1.0, -1.0]), torch.tensor(0.0), torch.tensor(1.0)) is not None
+    assert _check_outcome(torch.ones(2), torch.tensor(0.0), torch.tensor(1.0)) is None
+
+
+def test_torch_search_checks_the_views_once(monkeypatch):
+    """A torch CPU float32 state: the search takes NumPy views once (the check and the search share them)."""
+    calls = []
+    views = S.numpy_views
+    monkeypatch.setattr(S, "numpy_views", lambda *a: calls.append(len(a)) or views(*a))
+    hist = torch.tensor([0.0, 3.0, 5.0, 1.0, 0.0, 2.0])
+    got = oc.non_linear_param_search(hist, torch.tensor(-1.0), torch.tensor(2.0), dst_nbins=256)
+    assert len(calls) == 1
+    calls.clear()  # float64 bounds: cast first, so views of the casts
+    again = oc.non_linear_param_search(hist, torch.tensor(-1.0, dtype=torch.float64),
+                                       torch.tensor(2.0, dtype=torch.float64), dst_nbins=256)  # fmt: skip
+    assert len(calls) == 2 and all(torch.equal(a, b) for a, b in zip(got, again))
+    with pytest.raises(ValueError, match="counts"):
+        oc.non_linear_param_search(torch.tensor([1.0, -1.0]), torch.tensor(0.0), torch.tensor(1.0), dst_nbins=256)
