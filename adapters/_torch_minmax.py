@@ -19,14 +19,13 @@ from .. import (
     QuantSpec,
     calculate_qparams,
     minmax_init,
-    minmax_update,
-    moving_average_update,
     quant_spec,
     validate_qmin_qmax,
 )
 from .._dtypes import parse_dtype
 from .._namespace import normalize_axis
 from .._validate import check_averaging_constant, check_bool
+from ..families import minmax as minmax_family
 from ._array_observers import check_entry, check_minmax_entries, host_array
 from ._torch_distributed import SyncMixin, mean_of_replicas
 from ._torch_pt2e import link_torchao, pt2e_observer
@@ -306,6 +305,16 @@ class UniformQuantizationObserverBase(SyncMixin, ObserverBase):
     def _repr_suffix(self) -> str:
         return (", ignore_nonfinite=True" if self.ignore_nonfinite else "") + (", sync=True" if self.sync else "")
 
+    #: whether ``averaging_constant`` (an attribute of the moving-average classes) makes ``_update`` average
+    _AVERAGING = False
+
+    def _update(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> MinMaxState:
+        """One step of the min/max family (:func:`observers_core.families.minmax.step`)."""
+        return minmax_family.step(
+            state, x, axis=axis, averaging_constant=self.averaging_constant if self._AVERAGING else None,
+            ignore_nonfinite=self.ignore_nonfinite, collective=collective, xp=TORCH_XP,
+        )
+
     def reset_min_max_vals(self):
         raise NotImplementedError("Cannot reset min/max values in the given observer.")
 
@@ -369,9 +378,6 @@ class MinMaxObserver(UniformQuantizationObserverBase):
         self.register_buffer("max_val", torch.tensor(-_INF, **factory_kwargs))
         _check_symmetric_reduce_range(self)
 
-    def _update(self, state: MinMaxState, x: torch.Tensor, collective) -> MinMaxState:
-        return minmax_update(state, x, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP, collective=collective)
-
     def forward(self, x_orig):
         r"""Records the running minimum and maximum of ``x`` (with ``sync``, of every rank's ``x``);
         returns ``x`` itself."""
@@ -381,7 +387,7 @@ class MinMaxObserver(UniformQuantizationObserverBase):
         collective = self._collective()
         if x.numel() == 0 and collective is None:  # with a collective, an empty batch still takes part
             return x_orig
-        new = self._update(MinMaxState(min_val, max_val), x, collective)
+        new = self._update(MinMaxState(min_val, max_val), x, None, collective)
         min_val.copy_(new.min_val)
         max_val.copy_(new.max_val)
         return x_orig
@@ -404,6 +410,8 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
     ``x_min = x_min + c * (min(X) - x_min)`` and ``x_max = x_max + c * (max(X) - x_max)`` with
     ``c = averaging_constant`` in ``[0, 1]``.
     """
+
+    _AVERAGING = True
 
     def __init__(
         self,
@@ -442,12 +450,6 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
             **kwargs,
         )
         self.averaging_constant = averaging_constant
-
-    def _update(self, state: MinMaxState, x: torch.Tensor, collective) -> MinMaxState:
-        return moving_average_update(
-            state, x, averaging_constant=self.averaging_constant, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP,
-            collective=collective,
-        )
 
     #: sync_observers: the mean of the replicas' moving averages
     _REPLICA_MERGE = staticmethod(mean_of_replicas)
@@ -504,10 +506,6 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
         self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
         self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
         _check_symmetric_reduce_range(self)
-
-    def _update(self, state: MinMaxState, x: torch.Tensor, axis: int, collective) -> MinMaxState:
-        return minmax_update(state, x, axis=axis, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP,
-                             collective=collective)
 
     def forward(self, x_orig):
         r"""Records the running per-channel minimum and maximum of ``x``; returns ``x`` itself."""
@@ -600,6 +598,8 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
     ``x_min = x_min + c * (min(X) - x_min)`` per channel (same for max), ``c = averaging_constant``.
     """
 
+    _AVERAGING = True
+
     def __init__(
         self,
         averaging_constant=0.01,
@@ -636,17 +636,6 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
             **kwargs,
         )
         self.averaging_constant = averaging_constant
-
-    def _update(self, state: MinMaxState, x: torch.Tensor, axis: int, collective) -> MinMaxState:
-        return moving_average_update(
-            state,
-            x,
-            averaging_constant=self.averaging_constant,
-            axis=axis,
-            ignore_nonfinite=self.ignore_nonfinite,
-            xp=TORCH_XP,
-            collective=collective,
-        )
 
     _REPLICA_MERGE = staticmethod(mean_of_replicas)
 

@@ -32,7 +32,7 @@ from .._minmax import (
 from .._qparams import QParams
 from .._validate import check_averaging_constant, check_bool, check_int
 
-__all__ = ["STATE_KEYS", "Config", "State", "init", "merge", "qparams", "update"]
+__all__ = ["STATE_KEYS", "Config", "State", "init", "merge", "qparams", "step", "update"]
 
 State = MinMaxState
 #: torch's state_dict keys of the state.
@@ -74,14 +74,22 @@ def init(config: Config, /, *, num_channels: int | None = None, device: Any = No
     return minmax_init(num_channels=num_channels, device=device, xp=xp)
 
 
+def step(state: State, x: Any, /, *, axis: int | None, averaging_constant: float | None, ignore_nonfinite: bool,
+         collective: Any = None, xp: Any = None) -> State:
+    """One update with the configuration given field by field (what :func:`update` runs; adapters that
+    keep the configuration as attributes call it directly): the running range when
+    ``averaging_constant`` is ``None``, else the moving average."""
+    if averaging_constant is None:
+        return minmax_update(state, x, axis=axis, ignore_nonfinite=ignore_nonfinite, xp=xp, collective=collective)
+    return moving_average_update(state, x, averaging_constant=averaging_constant, axis=axis,
+                                 ignore_nonfinite=ignore_nonfinite, xp=xp, collective=collective)  # fmt: skip
+
+
 def update(config: Config, state: State, x: Any, /, *, collective: Any = None) -> State:
     """The running range or the moving average after also seeing ``x`` (with a collective, every
     member's ``x``). Empty ``x``: no-op."""
-    if config.averaging_constant is None:
-        return minmax_update(state, x, axis=config.ch_axis, ignore_nonfinite=config.ignore_nonfinite,
-                             collective=collective)  # fmt: skip
-    return moving_average_update(state, x, averaging_constant=config.averaging_constant, axis=config.ch_axis,
-                                 ignore_nonfinite=config.ignore_nonfinite, collective=collective)  # fmt: skip
+    return step(state, x, axis=config.ch_axis, averaging_constant=config.averaging_constant,
+                ignore_nonfinite=config.ignore_nonfinite, collective=collective)  # fmt: skip
 
 
 def merge(config: Config, a: State, b: State, /) -> State:
