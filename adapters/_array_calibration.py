@@ -1,9 +1,9 @@
 """Calibration observers (Horizon ``observer_v2``: KL, MSE, percentile, mix) over one array namespace.
 
 Used directly (``xp=numpy`` by default, or ``array_api_strict``) they are plain NumPy observers;
-``observers_core.adapters.jax`` and ``.cupy`` add only ``jax.jit`` and device handling, and
-``observers_core.adapters.torch`` reuses the functions of this module (:func:`make_config`,
-:func:`batch_update`, :func:`kl_init`, :func:`kl_accumulate`, :func:`kl_update`) behind ``nn.Module``
+``observers_core.adapters.jax`` and ``.cupy`` bind them to their backend (``jax.jit``, devices), and
+``observers_core.adapters.torch`` runs the same pure steps of :mod:`observers_core.families.calibration`
+(``make_config``, ``batch_update``, ``kl_init``, ``kl_accumulate``, ``kl_update``) behind ``nn.Module``
 buffers.
 
 Every method picks a clipping magnitude ``amax`` from a histogram of ``|x|``

@@ -1,7 +1,7 @@
 """``HistogramObserver`` over one array-API namespace: the running histogram and torch's L2 range search.
 
 Used directly (``xp=numpy`` by default, or ``array_api_strict``) it is a plain NumPy observer;
-``observers_core.adapters.jax`` and ``.cupy`` subclass it and add only ``jax.jit`` and device handling.
+``observers_core.adapters.jax`` and ``.cupy`` bind it to their backend (``jax.jit``, device handling).
 The torch adapter (:mod:`observers_core.adapters._torch_histogram`) keeps the same statistics in
 ``nn.Module`` buffers and reuses :func:`check_loaded_state` from here.
 

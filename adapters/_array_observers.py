@@ -7,8 +7,8 @@ The classes mirror ``torch.ao.quantization.observer`` (class names, constructor 
 arrays of one namespace and call the pure core for every update and for the qparams.
 
 Used directly (``xp=numpy`` by default, or ``array_api_strict``) they are plain NumPy observers;
-``observers_core.adapters.jax`` and ``.cupy`` subclass them and add only what is framework-specific
-(``jax.jit``, devices). Deliberate differences from torch are listed in README.md ("Differences from
+``observers_core.adapters.jax`` and ``.cupy`` bind them to their
+:class:`~observers_core.adapters._backend.Backend` (``jax.jit``, devices) and add nothing else. Deliberate differences from torch are listed in README.md ("Differences from
 torch.ao"); zero points are int32 (affine) or the namespace's index dtype (symmetric, and the defaults of
 an observer that has seen nothing), where torch has int32/int64.
 """
