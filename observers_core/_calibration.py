@@ -839,20 +839,22 @@ def calib_histogram_init(
     )
 
 
+@functools.lru_cache(maxsize=2)
+def _pow2_table(double: bool) -> np.ndarray:
+    """``2**k`` for the normal exponents ``k = emin .. emax`` (``-1022 .. 1023`` in float64, ``-126 .. 127``
+    in float32), exact (``math.ldexp``)."""
+    low, high = (-1022, 1023) if double else (-126, 127)
+    return np.array([math.ldexp(1.0, k) for k in range(low, high + 1)], dtype=np.float64 if double else np.float32)
+
+
 def _exp2(e: Array, xp: Any) -> Array:
-    """``2**e`` for integer-valued ``e``, exactly: a product of exact powers of two (``pow``, ``exp2``
-    and ``log2`` are not exact on every backend)."""
-    magnitude = xp.abs(xp.astype(e, xp.int32))
-    negative = e < 0
-    result = xp.ones_like(e)
-    bit = 0
-    while (1 << bit) <= (1022 if e.dtype == xp.float64 else 126):
-        up = xp.asarray(2.0 ** (1 << bit), dtype=e.dtype, device=_device(e))
-        down = xp.asarray(2.0 ** -(1 << bit), dtype=e.dtype, device=_device(e))
-        use = ((magnitude >> bit) & 1) == 1
-        result = xp.where(use, result * xp.where(negative, down, up), result)
-        bit += 1
-    return result
+    """``2**e`` for integer-valued ``e`` in the normal exponents (``[-1022, 1023]`` in float64, ``[-126, 127]`` in
+    float32), exactly: looked up in a table of powers of two (``pow``, ``exp2`` and ``log2`` are not exact on
+    every backend)."""
+    double = e.dtype == xp.float64
+    table = xp.asarray(_pow2_table(double), device=_device(e))
+    index = xp.astype(e, index_dtype(xp)) + (1022 if double else 126)
+    return xp.reshape(_take(table, xp.reshape(index, (-1,)), 0, xp), tuple(e.shape))
 
 
 def _pow2_at_least(v: Array, xp: Any) -> Array:

@@ -33,13 +33,14 @@ except ImportError:  # optional: the array-API code runs instead
     numba = None
 
 __all__ = [
-    "ENABLED", "AVAILABLE", "fma", "host_scalar", "host_view", "kernel", "numba", "numpy_views", "split_sum", "threads",
+    "ENABLED", "AVAILABLE", "fma", "host_scalar", "host_view", "kernel", "numba", "numpy_views", "split_ranges",
+    "split_sum", "threads",
     # histogram and L2-search kernels
     "cascade_kernel", "clip_kernel", "counts_kernel", "cumsum32_kernel", "end_steps_kernel", "errors_kernel",
     "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
     # finite ranges and the calibration histogram
-    "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_sums_kernel", "gather_sums_kernel",
-    "mse_level_sums_kernel", "pairwise_sum_kernel",
+    "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_block_sums_kernel", "gather_sums_kernel",
+    "mse_level_sums_kernel", "pairwise_blocks", "pairwise_combine", "pairwise_sum_kernel",
 ]  # fmt: skip
 
 AVAILABLE = numba is not None
@@ -134,12 +135,8 @@ def split_sum(fn: Callable, x: np.ndarray, workers: int, *args: Any, chunk: int 
     Slices are claimed, not assigned: a pool thread that gets no CPU (torch's OpenMP threads spin for
     milliseconds after each parallel op) leaves its share to the others instead of holding up the
     result, so the worst case is the one-thread time. Plain Python threads: they sleep between calls."""
-    global _pool
     if workers <= 1 or x.shape[0] <= chunk:
         return fn(x, *args)
-    with _pool_lock:
-        if _pool is None or _pool._max_workers < workers - 1:
-            _pool = ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="observers_core")
     starts = iter(range(0, x.shape[0], chunk))  # next() on it is atomic under the GIL
 
     def work() -> np.ndarray | None:
@@ -149,9 +146,33 @@ def split_sum(fn: Callable, x: np.ndarray, workers: int, *args: Any, chunk: int 
             total = part if total is None else total + part
         return total
 
+    return sum(part for part in _claimed(work, workers) if part is not None)
+
+
+def split_ranges(fn: Callable, count: int, workers: int, *args: Any, chunk: int) -> None:
+    """``fn(start, stop, *args)`` over ``[0, count)`` in ``chunk``-long ranges, claimed by up to ``workers``
+    threads as in :func:`split_sum`, for a kernel that writes each range's results into its own part of
+    an output: the result does not depend on the threads."""
+    if workers <= 1 or count <= chunk:
+        fn(0, count, *args)
+        return
+    starts = iter(range(0, count, chunk))
+
+    def work() -> None:
+        for start in starts:
+            fn(start, min(start + chunk, count), *args)
+
+    _claimed(work, workers)
+
+
+def _claimed(work: Callable[[], Any], workers: int) -> list:
+    """``work()`` on the calling thread and ``workers - 1`` pool threads; the results of those that ran."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < workers - 1:
+            _pool = ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="observers_core")
     helpers = [_pool.submit(work) for _ in range(workers - 1)]
-    parts = [work()] + [helper.result() for helper in helpers if not helper.cancel()]  # cancelled: never started
-    return sum(part for part in parts if part is not None)
+    return [work()] + [helper.result() for helper in helpers if not helper.cancel()]  # cancelled: never started
 
 
 # --- histogram and L2-search kernels (observers_core._histogram, observers_core._l2_search) ---
@@ -439,31 +460,40 @@ def abs_max_kernel(rows):  # pragma: no cover (compiled)
 
 
 @kernel()
-def fq_sums_kernel(rows, inv_scale, scale, zero_point, norm, quant_min, quant_max):  # pragma: no cover
-    """The sums behind :func:`candidate_errors` of the float ``rows`` (C, N) in float64: for each row ``c``
-    and candidate ``k``, column ``k`` holds the sum over finite ``v`` of
-    ``((clamp(rint(v * inv_scale) + z, Q_min, Q_max) - z) * s - v) / norm`` squared and the last column
-    the number of finite ``v`` (``inv_scale = 1 / s``; all (C, K) float64). The same element values as
-    the array code; the sums run in order (the array code's are pairwise), so they may differ in the
-    last bits."""
+def fq_block_sums_kernel(first, stop, rows, blocks, inv_scale, scale, zero_point, inv_norm, quant_min, quant_max,
+                         out):  # pragma: no cover (compiled)
+    """The sums behind :func:`candidate_errors` of the float ``rows`` (C, N) over the blocks ``first`` to
+    ``stop`` of ``blocks = pairwise_blocks(N)``, into ``out`` (C, K + 1, blocks): for each row ``c`` and
+    candidate ``k``, the sum over the block of ``e**2`` in NumPy's order (:func:`_pairwise_block`), with
+    ``e = ((clamp(rint(v * inv_scale) + z, Q_min, Q_max) - z) * s - v) * inv_norm`` for finite ``v`` and 0
+    otherwise; the last row of ``out`` counts the finite ``v``. ``inv_scale = 1 / s`` and ``z`` as the
+    array code computes them, float64 (C, K). Computed as ``clamp(rint(v * inv_scale), Q_min - z, Q_max - z)``
+    (integers: the same values) and with ``inv_norm = 1 / norm``, a power of two, whose product equals the
+    array code's quotient ``/ norm``. The slices keep indices non-negative (numba then drops its
+    wraparound checks and the loop over a block vectorizes)."""
     channels, k_count = scale.shape
-    sums = np.zeros((channels, k_count + 1), dtype=np.float64)
+    buf = np.empty(128, dtype=np.float64)
     for c in range(channels):
         row = rows[c]
-        count = 0.0
-        for j in range(row.shape[0]):
-            v = np.float64(row[j])
-            if v - v != 0.0:
-                continue
-            count += 1.0
+        w = inv_norm[c]
+        for b in range(first, stop):
+            block = row[blocks[b, 0]:blocks[b, 0] + blocks[b, 1]]
+            size = block.shape[0]
+            count = 0
+            for i in range(size):
+                count += 1 if block[i] - block[i] == 0 else 0
+            out[c, k_count, b] = count
             for k in range(k_count):
-                q = np.rint(v * inv_scale[c, k]) + zero_point[c, k]
-                q = quant_min if q < quant_min else q
-                q = quant_max if q > quant_max else q
-                d = ((q - zero_point[c, k]) * scale[c, k] - v) / norm[c]
-                sums[c, k] += d * d
-        sums[c, k_count] = count
-    return sums
+                s, inv_s = scale[c, k], inv_scale[c, k]
+                low, high = quant_min - zero_point[c, k], quant_max - zero_point[c, k]
+                for i in range(size):
+                    v = np.float64(block[i])
+                    q = np.rint(v * inv_s)
+                    q = low if q < low else q
+                    q = high if q > high else q
+                    e = (q * s - v) * w
+                    buf[i] = e * e if v - v == 0.0 else 0.0
+                out[c, k, b] = _pairwise_block(buf[:size])
 
 
 @kernel()
@@ -493,18 +523,18 @@ def mse_level_sums_kernel(p0, p1, r, off, levels, bins):  # pragma: no cover (co
 
 
 @kernel()
-def _pairwise_block(a, start, n):  # pragma: no cover (compiled)
-    """NumPy's ``pairwise_sum`` of ``a[start:start + n]`` for ``n <= 128`` (see :func:`pairwise_sum_kernel`)."""
+def _pairwise_block(a):  # pragma: no cover (compiled)
+    """NumPy's ``pairwise_sum`` of a 1-D float64 array of at most 128 values: below 8 one by one from 0,
+    else eight running sums combined as ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``, then the rest."""
+    n = a.shape[0]
     if n < 8:
         res = 0.0
-        for i in range(start, start + n):
+        for i in range(n):
             res += a[i]
         return res
-    r0, r1, r2, r3 = a[start], a[start + 1], a[start + 2], a[start + 3]
-    r4, r5, r6, r7 = a[start + 4], a[start + 5], a[start + 6], a[start + 7]
-    i = start + 8
-    stop = start + n - n % 8
-    while i < stop:
+    r0, r1, r2, r3, r4, r5, r6, r7 = a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]
+    stop = n - n % 8
+    for i in range(8, stop, 8):
         r0 += a[i]
         r1 += a[i + 1]
         r2 += a[i + 2]
@@ -513,50 +543,77 @@ def _pairwise_block(a, start, n):  # pragma: no cover (compiled)
         r5 += a[i + 5]
         r6 += a[i + 6]
         r7 += a[i + 7]
-        i += 8
     res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    while i < start + n:
+    for i in range(stop, n):
         res += a[i]
-        i += 1
     return res
 
 
 @kernel()
-def pairwise_sum_kernel(a, start, n):  # pragma: no cover (compiled)
-    """``sum(a[start:start + n])`` of a 1-D float64 array in NumPy's order for a contiguous float64 sum
-    (``pairwise_sum``: below 8 values one by one from 0; up to 128 eight running sums, combined as
-    ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``, then the rest; above 128 the sums of the
-    halves ``n2 = n // 2 - (n // 2) % 8`` and ``n - n2``, added), so it equals ``np.sum`` bit for bit.
-    The recursion runs on an explicit stack (numba's cache mishandles recursive functions)."""
-    if n <= 128:
-        return _pairwise_block(a, start, n)
+def pairwise_blocks(n):  # pragma: no cover (compiled)
+    """The blocks ``(start, size)`` (L, 2) that NumPy's contiguous float64 sum of ``n`` values adds one by
+    one, in order (``pairwise_sum``: above 128 values it sums the halves ``n2 = n // 2 - (n // 2) % 8``
+    and ``n - n2`` and adds them; a block of at most 128 is :func:`_pairwise_block`)."""
+    out = np.empty((n // 64 + 2, 2), dtype=np.int64)
     starts = np.empty(64, dtype=np.int64)
+    sizes = np.empty(64, dtype=np.int64)
+    top, count = 0, 0
+    starts[0], sizes[0] = 0, n
+    while top >= 0:  # depth first, left half first
+        start, m = starts[top], sizes[top]
+        top -= 1
+        if m <= 128:
+            out[count, 0], out[count, 1] = start, m
+            count += 1
+            continue
+        half = m // 2 - (m // 2) % 8
+        starts[top + 1], sizes[top + 1] = start + half, m - half
+        starts[top + 2], sizes[top + 2] = start, half
+        top += 2
+    return out[:count]
+
+
+@kernel()
+def pairwise_combine(block_sums, n):  # pragma: no cover (compiled)
+    """NumPy's sum of ``n`` values from the sums of its :func:`pairwise_blocks`, in order: each pair of
+    halves added as ``left + right``, as ``pairwise_sum`` does."""
+    if n <= 128:
+        return block_sums[0]
     sizes = np.empty(64, dtype=np.int64)
     phase = np.zeros(64, dtype=np.int64)
     sums = np.empty(64, dtype=np.float64)
-    depth, filled = 0, 0
-    starts[0], sizes[0] = start, n
+    depth, filled, taken = 0, 0, 0
+    sizes[0] = n
     while depth >= 0:
         m = sizes[depth]
-        if m <= 128:  # a leaf: its sum goes on the value stack
-            sums[filled] = _pairwise_block(a, starts[depth], m)
-            filled += 1
-            depth -= 1
-            continue
-        half = m // 2
-        half -= half % 8
-        if phase[depth] == 2:  # both halves done: left + right
+        if m <= 128:  # a block: its sum goes on the value stack
+            sums[filled] = block_sums[taken]
+            filled, taken, depth = filled + 1, taken + 1, depth - 1
+        elif phase[depth] == 2:  # both halves done
             filled -= 1
             sums[filled - 1] = sums[filled - 1] + sums[filled]
             depth -= 1
-            continue
-        phase[depth] += 1
-        child = depth + 1
-        starts[child] = starts[depth] + (0 if phase[depth] == 1 else half)
-        sizes[child] = half if phase[depth] == 1 else m - half
-        phase[child] = 0
-        depth = child
+        else:
+            half = m // 2 - (m // 2) % 8
+            phase[depth] += 1
+            sizes[depth + 1] = half if phase[depth] == 1 else m - half
+            phase[depth + 1] = 0
+            depth += 1
     return sums[0]
+
+
+@kernel()
+def pairwise_sum_kernel(a):  # pragma: no cover (compiled)
+    """``np.sum`` of a contiguous 1-D float64 array, bit for bit: the sums of its :func:`pairwise_blocks`
+    added by :func:`pairwise_combine`."""
+    n = a.shape[0]
+    if n <= 128:
+        return _pairwise_block(a)
+    blocks = pairwise_blocks(n)
+    sums = np.empty(blocks.shape[0], dtype=np.float64)
+    for b in range(blocks.shape[0]):
+        sums[b] = _pairwise_block(a[blocks[b, 0]:blocks[b, 0] + blocks[b, 1]])
+    return pairwise_combine(sums, n)
 
 
 @kernel()
@@ -572,5 +629,5 @@ def gather_sums_kernel(values, index, length):  # pragma: no cover (compiled)
         for k in range(count):
             for j in range(length):
                 run[j] = values[c, index[k * length + j]]
-            out[c, k] = pairwise_sum_kernel(run, 0, length)
+            out[c, k] = pairwise_sum_kernel(run)
     return out

@@ -37,7 +37,9 @@ from .._calibration import (
     percentile_range,
     work_dtype,
 )
-from .._compiled import abs_max_kernel, fq_sums_kernel, host_view
+from .._compiled import (
+    abs_max_kernel, fq_block_sums_kernel, host_view, pairwise_blocks, pairwise_combine, split_ranges, threads,
+)
 from .._dtypes import QuantSpec, quant_spec
 from .._minmax import MinMaxState, minmax_init, minmax_merge, minmax_update, moving_average_update
 from .._namespace import device_of, size
@@ -215,26 +217,31 @@ def average_range(state: MinMaxState, lo: Array, hi: Array, averaging_constant: 
 
 
 def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: QuantSpec, xp: Any,
-                     collective: Any = None) -> Array:
+                     collective: Any = None, amax: Array | None = None) -> Array:
     """Mean squared fake-quantization error of ``x`` for each candidate range ``(lo[..., k], hi[..., k])``:
     ``E_k = sum((fq_k(x) - x)**2) / n`` over the finite values (per channel), divided by the squared
     power of two at or above the channel's largest magnitude (:func:`~observers_core._calibration.error_norm`:
     huge ranges neither overflow nor vanish under XLA's flush to zero; the ranking is unchanged), with
     ``fq_k`` = :func:`~observers_core.fake_quantize` by ``calculate_qparams(lo_k, hi_k, spec)``.
-    float64 where the namespace has it. Shape of ``lo``.
+    float64 where the namespace has it. Shape of ``lo``. ``amax``: that largest finite ``|x|`` per
+    channel (every member's), where the caller has it exactly.
 
-    With a collective the norm, sums and counts are every member's (the float64 sums then add in
-    another order than one process's: the errors may differ in the last bits)."""
+    Host memory with the compiled kernels: the same float64 values summed in NumPy's order
+    (:func:`~observers_core._compiled.fq_block_sums_kernel`), blocks shared by threads; the results equal
+    the NumPy array code's bit for bit. With a collective the norm, sums and counts are every member's
+    (the float64 sums then add in another order than one process's: the errors may differ in the last bits)."""
     rows = xp.reshape(x, (1, -1)) if axis is None else xp.reshape(xp.moveaxis(x, axis, 0), (x.shape[axis], -1))
     lo2, hi2 = xp.reshape(lo, (rows.shape[0], -1)), xp.reshape(hi, (rows.shape[0], -1))
     scale, zero_point = calculate_qparams(lo2, hi2, spec, xp=xp)
     host = host_view(rows, xp) if size(rows) > 0 else None
+    if amax is not None:
+        amax = xp.reshape(xp.astype(amax, work_dtype(xp, device_of(x))), (-1, 1))
     if host is not None and host.dtype in (np.float32, np.float64):
-        norm = error_norm(_reduced(xp.asarray(abs_max_kernel(host))[:, None], "max", collective), xp)
-        sums = fq_sums_kernel(
-            host, 1 / np.asarray(host_view(scale, xp), dtype=np.float64), *(np.asarray(host_view(a, xp), dtype=np.float64)
-            for a in (scale, zero_point, norm)), float(spec.quant_min), float(spec.quant_max),
-        )  # fmt: skip
+        if amax is None:
+            amax = _reduced(xp.asarray(abs_max_kernel(host))[:, None], "max", collective)
+        norm = error_norm(amax, xp)
+        sums = _fq_sums(host, *(np.asarray(host_view(a, xp), dtype=np.float64) for a in (scale, zero_point, norm)),
+                        float(spec.quant_min), float(spec.quant_max))
         sums, count = xp.asarray(sums[:, :-1]), xp.asarray(sums[:, -1])
     else:
         dtype = work_dtype(xp, device_of(x))
@@ -242,9 +249,10 @@ def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: 
         finite = xp.isfinite(rows)
         rows = xp.where(finite, rows, 0.0)
         count = xp.sum(xp.astype(finite, dtype), axis=-1)
-        norm = error_norm(_reduced(xp.max(xp.abs(rows), axis=-1, keepdims=True) if size(rows) else
-                                   xp.zeros((rows.shape[0], 1), dtype=dtype, device=device_of(rows)),
-                                   "max", collective), xp)  # fmt: skip
+        if amax is None:
+            amax = _reduced(xp.max(xp.abs(rows), axis=-1, keepdims=True) if size(rows) else
+                            xp.zeros((rows.shape[0], 1), dtype=dtype, device=device_of(rows)), "max", collective)
+        norm = error_norm(amax, xp)
         sums = []
         for k in range(lo2.shape[-1]):  # a static loop over the (few) candidates: one (C, N) temporary each
             fq = fake_quantize(rows, scale[:, k:k + 1], zero_point[:, k:k + 1],
@@ -254,6 +262,18 @@ def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: 
         sums = xp.stack(sums, axis=-1)
     sums, count = _reduced(sums, "sum", collective), _reduced(count, "sum", collective)
     return xp.reshape(sums / xp.where(count > 0, count, 1.0)[:, None], tuple(lo.shape))
+
+
+def _fq_sums(rows: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, norm: np.ndarray, quant_min: float,
+             quant_max: float) -> np.ndarray:
+    """:func:`candidate_errors`' sums (C, K) and finite counts, (C, K + 1), of host ``rows`` (C, N) with the
+    compiled kernels: the blocks of NumPy's pairwise sum on up to :func:`~observers_core._compiled.threads`
+    threads, then added in NumPy's order."""
+    blocks = pairwise_blocks(rows.shape[1])
+    out = np.empty((rows.shape[0], scale.shape[1] + 1, blocks.shape[0]), dtype=np.float64)
+    split_ranges(fq_block_sums_kernel, blocks.shape[0], threads(rows.size), rows, blocks, 1 / scale, scale, zero_point,
+                 1 / norm, quant_min, quant_max, out, chunk=256)
+    return np.array([[pairwise_combine(part, rows.shape[1]) for part in row] for row in out])
 
 
 def _reduced(x: Array, op: str, collective: Any) -> Array:
@@ -268,8 +288,9 @@ def mix_range(x: Array, hist: CalibHistogram, lo: Array, hi: Array, *, axis: int
     ranges = [clip_range(lo, hi, search_amax(m, hist, config, xp), xp) for m in MIX_CANDIDATES]
     lo_k = xp.stack([r[0] for r in ranges], axis=-1)
     hi_k = xp.stack([r[1] for r in ranges], axis=-1)
-    choice = xp.argmin(candidate_errors(x, lo_k, hi_k, axis=axis, spec=config.spec, xp=xp, collective=collective),
-                       axis=-1)
+    amax = xp.maximum(-lo, hi) if x.dtype == lo.dtype else None  # exact: the range of x itself (as float32)
+    choice = xp.argmin(candidate_errors(x, lo_k, hi_k, axis=axis, spec=config.spec, xp=xp, collective=collective,
+                                        amax=amax), axis=-1)
     picked = xp.arange(len(MIX_CANDIDATES), device=device_of(lo)) == choice[..., None]
     return xp.min(xp.where(picked, lo_k, INF), axis=-1), xp.max(xp.where(picked, hi_k, -INF), axis=-1), choice
 
