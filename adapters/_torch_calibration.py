@@ -73,9 +73,11 @@ def _run(fn, *args, **kwargs):
     results are the NumPy observers', which equal torch's bit for bit: tests/test_calibration_recorded.py)
     and come back as tensors; anything else runs on torch."""
     tensors = [t for t in _leaves(args) if isinstance(t, torch.Tensor)]
-    if numpy_views(_xpt, *tensors) is None:
+    views = numpy_views(_xpt, *tensors)
+    if views is None:
         return fn(*args, xp=_xpt, **kwargs)
-    out = fn(*_tree_map(lambda t: numpy_views(_xpt, t)[0], args), xp=_xpn, **kwargs)
+    view_of = {id(t): v for t, v in zip(tensors, views)}
+    out = fn(*_tree_map(lambda t: view_of.get(id(t), t), args), xp=_xpn, **kwargs)
     return _tree_map(lambda a: torch.as_tensor(np.asarray(a)), out)
 
 __all__ = list(_base.__all__)
@@ -289,6 +291,12 @@ class MixObserver(_CalibrationObserver):
         )
 
 
+def _kl_step(state, acc, x, *, axis, config, update, collective, xp):
+    """KLObserver's batch in one :func:`_run`: ``kl_accumulate``, then (``update``) ``kl_update``."""
+    acc = family.kl_accumulate(acc, x, axis=axis, xp=xp, collective=collective)
+    return acc, (family.kl_update(state, acc, config=config, xp=xp) if update else None)
+
+
 class KLObserver(_CalibrationObserver):
     __doc__ = _base.KLObserver.__doc__
     _METHOD = "kl"
@@ -344,13 +352,13 @@ class KLObserver(_CalibrationObserver):
                 f"x has {channels} channels along ch_axis={self.ch_axis} but the KL histogram holds "
                 f"{acc.seen.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
             )
-        acc = _run(family.kl_accumulate, acc, x, axis=axis, collective=self._collective())
+        update = (self.num_steps + 1) % self.config.update_interval == 0
+        acc, new = _run(_kl_step, state, acc, x, axis=axis, config=self.config, update=update,
+                        collective=self._collective())
         for name, value in zip(_ACC_BUFFERS, (*acc.hist, *acc.seen)):
             self._buffers[name] = value
         self.num_steps += 1
-        if self.num_steps % self.config.update_interval:
-            return None
-        return _run(family.kl_update, state, acc, config=self.config)
+        return new
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""``calculate_qparams(min_val, max_val)`` of the averaged KL range; before the first KL update a

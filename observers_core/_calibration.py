@@ -28,7 +28,9 @@ import numpy as np
 from array_api_compat import device as _device
 
 from ._collective import check_collective, reduce_range
-from ._compiled import calib_counts_kernel, gather_sums_kernel, host_view, mse_level_sums_kernel, split_sum, threads
+from ._compiled import (
+    calib_counts_kernel, gather_sums_kernel, host_view, mse_level_sums_kernel, split_ranges, split_sum, threads,
+)
 from ._dtypes import QScheme, QuantSpec
 from ._minmax import host_finite_range
 from ._validate import INF, check_bool, check_float, check_int
@@ -573,7 +575,11 @@ def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Ar
     hosts = [host_view(a, xp) for a in (p0, p1, r, off)] if levels > 1 and dtype == xp.float64 else [None]
     if all(h is not None for h in hosts):  # host memory with the compiled kernels: no (C, K, M) temporaries
         p0_h, p1_h, r_h, off_h = hosts
-        sums = xp.asarray(mse_level_sums_kernel(p0_h, p1_h, r_h, np.broadcast_to(off_h, r_h.shape), levels, bins))
+        sums = np.empty(r_h.shape + (3,), dtype=np.float64)
+        candidates = r_h.shape[1]  # shared by threads (exact sums: the same result on any number of threads)
+        split_ranges(mse_level_sums_kernel, candidates, threads(r_h.size * levels), p0_h, p1_h, r_h,
+                     np.broadcast_to(off_h, r_h.shape), levels, bins, sums, chunk=256)
+        sums = xp.asarray(sums)
         y0, y1, x1 = sums[..., 0], sums[..., 1], sums[..., 2]
     elif levels > 1:
         sums = _by_channel_chunks(boundary_sums, r.shape[1] * (levels - 1) * 3, xp, p0, p1, r, off)
@@ -860,7 +866,7 @@ def _exp2(e: Array, xp: Any) -> Array:
 def _pow2_at_least(v: Array, xp: Any) -> Array:
     """The smallest power of two ``>= v``, for normal finite ``v > 0``."""
     low, high = (-1022.0, 1023.0) if v.dtype == xp.float64 else (-126.0, 127.0)
-    p = _exp2(xp.clip(xp.ceil(xp.log2(v)), low, high), xp)
+    p = _exp2(xp.minimum(xp.maximum(xp.ceil(xp.log2(v)), low), high), xp)  # (a clip, without the compat layer's cost)
     p = xp.where(p * 0.5 >= v, p * 0.5, p)  # log2 may be off by an ulp either way
     return xp.where(p < v, p * 2, p)
 
@@ -900,14 +906,18 @@ def _rebin(counts: Array, lo: Array, width: Array, new_lo: Array, new_width: Arr
     new bins also take every old bin below or beyond the new grid (as binning clips into the end bins).
     Both grids are multiples of ``width``, so ``e_m - lo`` and the division are exact wherever the result
     lies in ``[0, bins]``; outside it they may round or overflow to ``+-inf`` and are clipped (no ratio of
-    widths is formed: ``new_width / width`` overflows float32 for a zeros-only state at ``2**-126``)."""
+    widths is formed: ``new_width / width`` overflows float32 for a zeros-only state at ``2**-126``).
+    Host arrays on the same filled grid (a KL accumulator whose range stopped growing) are returned as they are."""
     bins = counts.shape[-1]
+    grids = [host_view(a, xp) for a in (lo, width, new_lo, new_width)]
+    if all(g is not None for g in grids) and bool(np.all((grids[0] == grids[2]) & (grids[1] == grids[3]) & (grids[1] > 0))):
+        return counts  # first_m = m: every bin stays
     filled = width > 0
     safe_w = xp.where(filled, width, 1.0)
     m = xp.arange(bins + 1, dtype=lo.dtype, device=_device(lo))
     with discarded_invalid(xp):  # edges beyond float's range overflow to inf, clipped below
         edges = new_lo[:, None] + m * new_width[:, None]
-        first = xp.clip((edges - lo[:, None]) / safe_w[:, None], 0.0, float(bins))
+        first = xp.minimum(xp.maximum((edges - lo[:, None]) / safe_w[:, None], 0.0), float(bins))  # a clip
     first = xp.where((m == 0)[None, :], 0.0, xp.where((m == bins)[None, :], float(bins), first))
     at = _take_each(_cumsum0(counts, xp), xp.astype(first, index_dtype(xp)), xp)
     return xp.where(filled[:, None], at[:, 1:] - at[:, :-1], xp.zeros_like(counts))
@@ -926,13 +936,15 @@ def _unrows(like: CalibHistogram, rows: CalibHistogram, xp: Any) -> CalibHistogr
     )
 
 
-def _combine(a: CalibHistogram, low: Array, high: Array, min_width: Array, xp: Any) -> tuple[CalibHistogram, Array, Array]:
-    """``a``'s counts moved onto the canonical grid of ``a``'s range joined with ``[low, high]``."""
+def _combine(a: CalibHistogram, low: Array, high: Array, min_width: Array, xp: Any, fresh: bool = False
+             ) -> tuple[CalibHistogram, Array, Array]:
+    """``a``'s counts moved onto the canonical grid of ``a``'s range joined with ``[low, high]`` (``fresh``:
+    ``a`` is :func:`calib_histogram_init`'s, all zero, nothing to re-bin)."""
     bins = a.counts.shape[-1]
     min_val = xp.minimum(a.min_val, low)
     max_val = xp.maximum(a.max_val, high)
     lo, width = _grid(min_val, max_val, xp.maximum(a.width, min_width), bins, xp)
-    counts = _rebin(a.counts, a.lo, a.width, lo, width, xp)
+    counts = xp.zeros_like(a.counts) if fresh else _rebin(a.counts, a.lo, a.width, lo, width, xp)
     return CalibHistogram(counts, lo, width, min_val, max_val), lo, width
 
 
@@ -961,21 +973,22 @@ def calib_histogram_update(
     absolute = check_bool(absolute, "absolute")
     if check_collective(collective) is None and size(x) == 0:
         return state
-    return _histogram_update(state, x, axis, absolute, xp, collective, None)
+    return _histogram_update(state, x, axis, absolute, xp, collective, None, False)
 
 
 def abs_histogram_update(state: CalibHistogram, x: Array, seen: tuple[Array, Array], /, *, axis: int | None,
-                         xp: Any) -> CalibHistogram:
+                         xp: Any, fresh: bool = False) -> CalibHistogram:
     """``calib_histogram_update(state, x, axis=axis, absolute=True)`` (no collective, ``x`` not empty) for a
     caller that already holds ``seen``, the finite range ``(min, max)`` of ``x`` per channel as the state's
     dtype (:func:`~observers_core.minmax_update` with ``ignore_nonfinite``): one pass over ``x`` fewer.
     ``|x|`` reaches ``max(-min, max)``, so ``seen`` gives the same range, bit for bit, where casting ``x``
-    to the state's dtype creates no infinity (``x`` of that dtype or a narrower one)."""
-    return _histogram_update(state, x, axis, True, xp, None, seen)
+    to the state's dtype creates no infinity (``x`` of that dtype or a narrower one). ``fresh``: ``state``
+    is :func:`calib_histogram_init`'s (no old counts to re-bin)."""
+    return _histogram_update(state, x, axis, True, xp, None, seen, fresh)
 
 
-def _histogram_update(state, x, axis, absolute, xp, collective, seen) -> CalibHistogram:
-    """:func:`calib_histogram_update` after its checks; ``seen``: as in :func:`abs_histogram_update`, or None."""
+def _histogram_update(state, x, axis, absolute, xp, collective, seen, fresh) -> CalibHistogram:
+    """:func:`calib_histogram_update` after its checks; ``seen``, ``fresh``: as in :func:`abs_histogram_update`."""
     rows = _rows(state, xp)
     channels, bins = rows.counts.shape
     if axis is None:
@@ -1010,7 +1023,7 @@ def _histogram_update(state, x, axis, absolute, xp, collective, seen) -> CalibHi
     if absolute:
         low = xp.where(low <= high, 0.0, low)
     low, high = reduce_range(low, high, collective)
-    merged, lo, width = _combine(rows, low, high, xp.zeros_like(low), xp)
+    merged, lo, width = _combine(rows, low, high, xp.zeros_like(low), xp, fresh)
     if size(x) == 0:
         fresh = xp.zeros_like(merged.counts)
     elif host is not None:

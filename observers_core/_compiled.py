@@ -497,29 +497,29 @@ def fq_block_sums_kernel(first, stop, rows, blocks, inv_scale, scale, zero_point
 
 
 @kernel()
-def mse_level_sums_kernel(p0, p1, r, off, levels, bins):  # pragma: no cover (compiled)
-    """:func:`_squared_error_by_levels`' boundary sums for host arrays: for each channel ``c`` and candidate
-    ``k``, with ``n_m = clip(ceil((m - 1/2) r - o), 0, bins)`` over ``m = 1 .. levels - 1``:
-    ``Y0 = sum P0[n_m]``, ``Y1 = sum (2m - 1) P0[n_m]``, ``X1 = sum P1[n_m]`` (float64, shape (C, K, 3)).
-    ``n_m`` is computed with the array code's float64 operations; the prefix sums of integer counts are
-    integers, so these sums are exact in any order (below 2**53) and equal the array code's."""
-    channels, candidates = r.shape
+def mse_level_sums_kernel(first, stop, p0, p1, r, off, levels, bins, out):  # pragma: no cover (compiled)
+    """:func:`_squared_error_by_levels`' boundary sums for host arrays, candidates ``first`` to ``stop``: for
+    each channel ``c`` and candidate ``k``, with ``n_m = clip(ceil((m - 1/2) r - o), 0, bins)`` over
+    ``m = 1 .. levels - 1``: ``Y0 = sum P0[n_m]``, ``Y1 = sum (2m - 1) P0[n_m]``, ``X1 = sum P1[n_m]`` into
+    ``out`` (C, K, 3) float64. ``n_m`` is computed with the array code's float64 operations; the prefix sums
+    of integer counts are integers, summed here as int64: exact, so equal to the array code's sums (below
+    2**53, where those are exact)."""
     top = np.float64(bins)
-    out = np.empty((channels, candidates, 3), dtype=np.float64)
-    for c in range(channels):
-        for k in range(candidates):
-            y0 = y1 = x1 = 0.0
-            for level in range(1, levels):
-                m = np.float64(level)
-                n = np.ceil((m - 0.5) * r[c, k] - off[c, k])
+    half = np.arange(1, levels).astype(np.float64) - 0.5  # m - 1/2, exactly
+    for c in range(r.shape[0]):
+        q0, q1 = p0[c].astype(np.int64), p1[c].astype(np.int64)
+        for k in range(first, stop):
+            rk, ok = r[c, k], off[c, k]
+            y0 = y1 = x1 = 0
+            for i in range(half.shape[0]):
+                n = np.ceil(half[i] * rk - ok)
                 n = 0.0 if n < 0.0 else n
                 n = top if n > top else n
-                g0 = p0[c, np.int64(n)]
-                y0 += g0
-                y1 += (2.0 * m - 1.0) * g0
-                x1 += p1[c, np.int64(n)]
+                j = np.uint32(np.int32(n))  # (an unsigned 32-bit index vectorizes)
+                y0 += q0[j]
+                y1 += (2 * i + 1) * q0[j]
+                x1 += q1[j]
             out[c, k, 0], out[c, k, 1], out[c, k, 2] = y0, y1, x1
-    return out
 
 
 @kernel()

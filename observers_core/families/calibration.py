@@ -161,16 +161,16 @@ def abs_histogram(x: Array, *, axis: int | None, bins: int, xp: Any, collective:
     collective, of every member's ``x``). ``seen``: :func:`observed_range` of ``x``, when the caller has it."""
     channels = None if axis is None else x.shape[axis]
     state = calib_histogram_init(bins=bins, num_channels=channels, device=device_of(x), xp=xp)
-    return _abs_update(state, x, axis, xp, collective, seen)
+    return _abs_update(state, x, axis, xp, collective, seen, fresh=True)
 
 
 def _abs_update(state: CalibHistogram, x: Array, axis: int | None, xp: Any, collective: Any,
-                seen: tuple[Array, Array] | None) -> CalibHistogram:
+                seen: tuple[Array, Array] | None, fresh: bool = False) -> CalibHistogram:
     """``x`` counted into the histogram of ``|x|``; from the batch's finite range ``seen`` where that is
     exact (:func:`~observers_core._calibration.abs_histogram_update`: no collective, ``x`` not float64,
-    whose cast to float32 may overflow), one pass over ``x`` fewer."""
+    whose cast to float32 may overflow), one pass over ``x`` fewer; ``fresh``: ``state`` is a new one."""
     if seen is not None and collective is None and size(x) > 0 and x.dtype != xp.float64:
-        return abs_histogram_update(state, x, seen, axis=axis, xp=xp)
+        return abs_histogram_update(state, x, seen, axis=axis, xp=xp, fresh=fresh)
     return calib_histogram_update(state, x, axis=axis, absolute=True, xp=xp, collective=collective)
 
 
