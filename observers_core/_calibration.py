@@ -560,10 +560,10 @@ def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Ar
     w = xp.maximum((edges[:, -1:] - edges[:, :1]) / bins, xp.max(scale, axis=-1, keepdims=True) * 2.0**-40)
     r = scale / w
     off = a / w + 0.5
-    m = xp.arange(1, levels, dtype=dtype, device=device)
-    weights = xp.stack([xp.ones_like(m), 2 * m - 1], axis=-1)  # (M - 1, 2)
 
     def boundary_sums(p0_c, p1_c, r_c, off_c):
+        m = xp.arange(1, levels, dtype=dtype, device=device)
+        weights = xp.stack([xp.ones_like(m), 2 * m - 1], axis=-1)  # (M - 1, 2)
         t = (m - 0.5) * r_c[..., None] - off_c[..., None]
         n = xp.astype(xp.minimum(xp.maximum(xp.ceil(t), 0.0), float(bins)), index_dtype(xp))
         g0 = _take_each(p0_c, xp.reshape(n, (n.shape[0], -1)), xp)
