@@ -508,6 +508,8 @@ def check_histogram(histogram: Array, min_val: Array, max_val: Array, /, *, xp: 
 
 
 _HOST_KINDS = frozenset("fiub")  # real NumPy dtypes the host check takes (others: the array-API check)
+_F32 = np.dtype(np.float32)
+_F32_INF_BITS = 0x7F800000  # float32 +inf as uint32; non-negative finite float32 values lie below it
 
 
 def _host_flags(histogram: Array, min_val: Array, max_val: Array) -> tuple[bool, float, float] | None:
@@ -515,19 +517,24 @@ def _host_flags(histogram: Array, min_val: Array, max_val: Array) -> tuple[bool,
     ``(counts_ok, lo, hi)`` with the bounds rounded to float32 (as the array-API check casts them) as
     Python floats; ``None`` for anything else. ``counts_ok`` is ``min >= 0`` (false for a NaN or
     ``-inf`` count: NumPy's ``min`` propagates NaN) and ``max`` not infinite, the same answer as
-    ``all((h >= 0) & isfinite(h))``."""
+    ``all((h >= 0) & isfinite(h))``. A float32 histogram is first read as uint32 in one integer
+    ``max``: below the bits of ``+inf`` exactly when every count is ``+0.0`` or a positive finite value
+    (``-0.0``, negative, NaN and infinite counts lie above), so only a histogram that fails that test
+    takes the two float reductions."""
     if type(histogram) is not np.ndarray or histogram.dtype.kind not in _HOST_KINDS:
         return None
     bounds = []
     for bound in (min_val, max_val):
-        if not isinstance(bound, (np.ndarray, np.generic)) or bound.ndim != 0 or bound.dtype.kind not in _HOST_KINDS:
+        if not isinstance(bound, (np.ndarray, np.generic)) or bound.ndim != 0:
             return None
-        if bound.dtype != np.float32:
+        if bound.dtype is not _F32:
+            if bound.dtype.kind not in _HOST_KINDS:
+                return None
             with np.errstate(all="ignore"):  # float64 beyond float32's range: inf or 0, silently
                 bound = np.float32(bound)
         bounds.append(float(bound))
     counts_ok = True
-    if histogram.size:
+    if histogram.size and not (histogram.dtype is _F32 and int(histogram.view(np.uint32).max()) < _F32_INF_BITS):
         counts_ok = float(histogram.min()) >= 0  # Python floats: no warning for NaN
         if counts_ok and histogram.dtype.kind == "f":
             counts_ok = not math.isinf(histogram.max())

@@ -199,11 +199,12 @@ def _check_outcome(hist, lo, hi, **kwargs):
 
 
 def test_host_check_equals_the_array_api_check():
-    """NumPy histograms take the check in plain reductions (``_host_flags``): the same accepted set and
+    """NumPy histograms take the check in plain reductions (``_host_flags``; float32 first as uint32 bits,
+    so -0.0, subnormals, NaN of either sign and float32's max are among the counts): the same accepted set and
     the same messages as the array-API check (on torch tensors of the same dtypes, the reference) on
     adversarial counts and bounds, with no floating-point warning (the fixture's errstate is lifted)."""
     counts = [[1.0, 2.0, 0.0], [0.0, -0.0, 3.0], [-0.0], [1.0, -1e-45, 2.0], [1.0, np.nan, 2.0], [np.inf, 1.0],
-              [1.0, -np.inf], [3e38, 3e38], [np.nan, -1.0], []]  # fmt: skip
+              [1.0, -np.inf], [3e38, 3e38], [np.nan, -1.0], [2.0, -np.nan], [1e-45, 0.0, 3.4028235e38], []]  # fmt: skip
     bounds = [(0.0, 1.0), (-1.0, -1.0), (2.0, 1.0), (np.nan, 1.0), (0.0, np.nan), (np.nan, np.nan), (-np.inf, 1.0),
               (0.0, np.inf), (-1e39, 1e39), (-0.0, 0.0), (1e-46, 2e-46), (3.4028235e38, 3.4028236e38)]  # fmt: skip
     dtypes = [np.float32, np.float64, np.float16, np.int64, np.uint8, np.bool_]
@@ -222,7 +223,7 @@ def test_host_check_equals_the_array_api_check():
                         blo, bhi = np.asarray(lo, bound_dtype), np.asarray(hi, bound_dtype)
                     flags = S._host_flags(hist, blo, bhi)
                     assert flags is not None, (c, dtype, lo, hi, bound_dtype)
-                    reference = (torch.from_numpy(hist.copy()), torch.from_numpy(blo.copy()), torch.from_numpy(bhi.copy()))
+                    reference = tuple(torch.from_numpy(a.copy()) for a in (hist, blo, bhi))
                     expected = _check_outcome(*reference)
                     got = _check_outcome(hist, blo, bhi)
                     assert got == expected, (c, dtype, lo, hi, bound_dtype, got, expected)
