@@ -96,3 +96,42 @@ def test_empty_accumulator_is_the_identity():
                                np.linspace(-3, 5, 101, dtype=np.float32), axis=None, xp=xp)
     empty = family.kl_init(None, bins=64, device=None, xp=xp)
     assert _bits(family.kl_merge(acc, empty, xp=xp)) == _bits(acc) == _bits(family.kl_merge(empty, acc, xp=xp))
+
+
+# -- the family shape: init / update / merge / qparams ------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["percentile", "mse", "mix"])
+@pytest.mark.parametrize("ch_axis", [-1, 1])
+def test_family_steps_equal_the_observer(method, ch_axis):
+    """``init``/``update``/``qparams`` of the family module give the NumPy observer's state and qparams."""
+    from observers_core.adapters import _array_calibration as observers
+
+    cls = {"percentile": observers.PercentileObserver, "mse": observers.MSEObserver, "mix": observers.MixObserver}[method]
+    qscheme = "per_channel_symmetric" if ch_axis >= 0 else "per_tensor_symmetric"
+    obs = cls(ch_axis=ch_axis, qscheme=qscheme, averaging_constant=0.3)
+    rng = np.random.default_rng(3)
+    batches = [rng.standard_normal((4, 3, 5)).astype(np.float32) * (i + 1) for i in range(4)]
+    state = family.init(obs.config, num_channels=3 if ch_axis >= 0 else None)
+    for x in batches:
+        obs(x)
+        state = family.update(obs.config, state, x, axis=ch_axis if ch_axis >= 0 else None)
+    for got, want in zip(state, obs.state):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(family.qparams(obs.config, state), obs.calculate_qparams()):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_family_merge_is_the_replicas_mean_and_kl_has_no_single_step():
+    from observers_core import MinMaxState
+    from observers_core.adapters import _array_calibration as observers
+
+    config = observers.MSEObserver().config
+    a = MinMaxState(np.float32(-2.0), np.float32(4.0))
+    b = MinMaxState(np.float32(-1.0), np.float32(1.0))
+    fresh = family.init(config)
+    merged = family.merge(config, a, b)
+    assert (float(merged.min_val), float(merged.max_val)) == (-1.5, 2.5)
+    assert all(float(u) == float(v) for u, v in zip(family.merge(config, fresh, a), a))  # nothing seen: the other
+    with pytest.raises(ValueError, match="kl_accumulate"):
+        family.update(observers.KLObserver().config, fresh, np.ones(3, np.float32))

@@ -13,6 +13,9 @@ whose classes (and the JAX, CuPy and torch ones) are thin state holders over the
   what KLObserver accumulates between KL steps; ``kl_merge`` of shard accumulators equals one
   accumulator over all the shards' data, exactly (the histogram grid is canonical, the range a min/max).
 - ``STATE_KEYS``: the state-dict keys (``min_val``, ``max_val``; histograms are not saved, as in Horizon).
+- The family shape shared with the other families: ``Config`` (:class:`CalibConfig`), ``State`` (the
+  averaged range, a :class:`~observers_core.MinMaxState`), :func:`init`, :func:`update` (a per-batch
+  method's step), :func:`merge` (replicas' averaged ranges: their mean) and :func:`qparams`.
 """
 
 from __future__ import annotations
@@ -41,14 +44,16 @@ from .._compiled import (
     abs_max_kernel, fq_block_sums_kernel, host_view, pairwise_blocks, pairwise_combine, split_ranges, threads,
 )
 from .._dtypes import QuantSpec, quant_spec
-from .._minmax import MinMaxState, minmax_init, minmax_merge, minmax_update, moving_average_update
-from .._namespace import device_of, size
+from .._minmax import (
+    MinMaxState, minmax_init, minmax_merge, minmax_qparams, minmax_update, moving_average_merge, moving_average_update,
+)
+from .._namespace import array_namespace, device_of, size
 from .._qparams import calculate_qparams
 from .._quantize import fake_quantize
 from .._validate import INF, check_averaging_constant, check_bool, check_int
 
 __all__ = [
-    "MIX_CANDIDATES", "STATE_KEYS", "CalibConfig", "KLAccumulator", "abs_histogram", "average_range",
+    "MIX_CANDIDATES", "STATE_KEYS", "CalibConfig", "Config", "State", "init", "merge", "qparams", "update", "KLAccumulator", "abs_histogram", "average_range",
     "batch_update", "candidate_errors", "clip_range", "describe", "kl_accumulate", "kl_init", "kl_merge",
     "kl_pending_message", "kl_update", "make_config", "mix_range", "observed_range", "positive_levels",
     "search_amax",
@@ -354,3 +359,36 @@ def kl_pending_message(owner: str, steps: int, update_interval: int) -> str:
         f"batches and has seen {steps}; returning default values (scale=1, zero_point=0). Observe more "
         "batches or use a smaller update_interval"
     )
+
+
+# -- the family shape (Config, State, init / update / merge / qparams) ---------------------------------
+Config = CalibConfig
+State = MinMaxState
+
+
+def init(config: Config, /, *, num_channels: int | None = None, device: Any = None, xp: Any = None) -> State:
+    """The averaged range before any step (``+inf``/``-inf``): 0-d, or ``(num_channels,)`` per channel."""
+    if xp is None:
+        import array_api_compat.numpy as xp
+    return minmax_init(num_channels=num_channels, device=device, xp=xp)
+
+
+def update(config: Config, state: State, x: Array, /, *, axis: int | None = None, collective: Any = None) -> State:
+    """One step of a per-batch method (percentile, MSE, Mix): :func:`batch_update`'s state (``axis``: the
+    channel axis of ``x`` per channel). KL has no single step: it is :func:`kl_accumulate` over batches,
+    then :func:`kl_update` (``ValueError`` here)."""
+    if config.method == "kl":
+        raise ValueError("method='kl' has no per-batch update: accumulate with kl_accumulate, then kl_update")
+    return batch_update(state, x, axis=axis, config=config, xp=array_namespace(x), collective=collective)[0]
+
+
+def merge(config: Config, a: State, b: State, /) -> State:
+    """Data-parallel replicas' averaged ranges: their mean (:func:`~observers_core.moving_average_merge`),
+    as for the min/max family's moving average (not one pass over both shards; sync each step with a
+    collective for that). KL accumulators merge exactly with :func:`kl_merge`."""
+    return moving_average_merge(a, b)
+
+
+def qparams(config: Config, state: State, /) -> Any:
+    """``calculate_qparams(min_val, max_val, config.spec)``."""
+    return minmax_qparams(state, config.spec)
