@@ -575,3 +575,14 @@ def test_placeholder_and_noop(generic, cls_name):
     assert obs.state_dict() == {} == getattr(tao, cls_name)().state_dict()
     with pytest.raises(RuntimeError, match="should not be called"):
         obs.calculate_qparams()
+
+
+def test_axis_name_is_refused_outside_jax():
+    """``axis_name=`` binds a JAX mesh axis; the NumPy observers refuse it with a TypeError naming
+    ``collective=`` and leave the state as it was."""
+    obs = base.MovingAverageMinMaxObserver(averaging_constant=0.5)
+    obs(np.arange(4, dtype=np.float32))
+    before = obs.state
+    with pytest.raises(TypeError, match="collective="):
+        obs.update(before, np.ones(3, np.float32), axis_name="data")
+    assert obs.state is before
