@@ -534,6 +534,12 @@ def _squared_error(counts: Array, centers: Array, scale: Array, zero_point: Arra
     return xp.sum(counts[:, None, :] * d * d, axis=-1)
 
 
+def _integral(prefix: np.ndarray) -> bool:
+    """Whether the host prefix sums of counts (float64) are all integers that int64 holds."""
+    with np.errstate(invalid="ignore"):
+        return bool(np.all((np.floor(prefix) == prefix) & (np.abs(prefix) < 2.0**62)))
+
+
 def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Array, Array]:
     """The sum of :func:`_squared_error` for uniform bins of non-negative data, summed by quantization
     level instead of by bin (O(levels) per candidate), and a bound on its rounding error.
@@ -573,7 +579,8 @@ def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Ar
         return xp.concat([y, x1[..., None]], axis=-1)
 
     hosts = [host_view(a, xp) for a in (p0, p1, r, off)] if levels > 1 and dtype == xp.float64 else [None]
-    if all(h is not None for h in hosts):  # host memory with the compiled kernels: no (C, K, M) temporaries
+    if all(h is not None for h in hosts) and _integral(hosts[0]):  # host memory with the compiled kernels: no
+        # (C, K, M) temporaries; the kernel sums the prefix sums as int64, so only for integer counts
         p0_h, p1_h, r_h, off_h = hosts
         sums = np.empty(r_h.shape + (3,), dtype=np.float64)
         candidates = r_h.shape[1]  # shared by threads (exact sums: the same result on any number of threads)

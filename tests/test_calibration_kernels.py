@@ -146,3 +146,31 @@ def test_mix_candidate_errors_are_bit_identical(per_channel, monkeypatch):
             assert array_path == compiled, (case, x)
         checked += 1
     assert checked == 100
+
+
+def test_mse_level_sums_kernel_only_for_integer_counts(monkeypatch):
+    """The compiled level sums add the prefix sums as int64: non-integer counts (weights, averaged
+    histograms) take the array code, whose float64 curve they then match; integer counts keep the kernel."""
+    rng = np.random.default_rng(8)
+    spec = quant_spec("qint8", "per_tensor_symmetric", quant_min=-127, quant_max=127)
+    calls = []
+    kernel = _compiled.mse_level_sums_kernel
+
+    def spy(*args):
+        calls.append(1)
+        return kernel(*args)
+
+    from observers_core import _calibration, mse_errors
+
+    monkeypatch.setattr(_calibration, "mse_level_sums_kernel", spy)
+    for case in range(12):
+        h = rng.integers(0, 1000, 512).astype(np.float64)
+        if case % 2:
+            h = h * rng.uniform(0.1, 3.0, 512) if case % 4 == 1 else h + 0.25
+        edges = np.linspace(0.0, float(rng.uniform(0.5, 50)), 513)
+        calls.clear()
+        array_path, compiled = _both(lambda: mse_threshold(h, edges, spec=spec, xp=xp), monkeypatch)
+        assert bool(calls) == (case % 2 == 0), case
+        assert array_path == compiled, case
+        curves = _both(lambda: np.asarray(mse_errors(h, edges, spec=spec, xp=xp).objective), monkeypatch)
+        np.testing.assert_array_equal(curves[0], curves[1])
