@@ -215,6 +215,28 @@ def _by_channel_chunks(fn: Any, per_channel: int, xp: Any, *arrays: Array) -> Ar
     return xp.concat(parts, axis=0)
 
 
+def _channel_chunks(fn: Any, per_channel: int, xp: Any, *arrays: Array) -> Array:
+    """:func:`_by_channel_chunks`, on JAX as one ``lax.map`` over equal chunks (the channels padded with
+    copies of the last): one compiled body instead of one per chunk (256 channels of the float32 MSE level
+    sums: 32 chunks, ~30 s to compile)."""
+    channels = arrays[0].shape[0]
+    step = max(1, _CHUNK_ELEMENTS // max(per_channel, 1))
+    if step >= channels or not is_jax_namespace(xp):
+        return _by_channel_chunks(fn, per_channel, xp, *arrays)
+    import jax
+
+    chunks = -(-channels // step)
+    pad = chunks * step - channels
+
+    def split(a: Array) -> Array:
+        if pad:
+            a = xp.concat([a, xp.broadcast_to(a[-1:, ...], (pad,) + tuple(a.shape[1:]))], axis=0)
+        return xp.reshape(a, (chunks, step) + tuple(a.shape[1:]))
+
+    out = jax.lax.map(lambda parts: fn(*parts), tuple(split(a) for a in arrays))
+    return xp.reshape(out, (chunks * step,) + tuple(out.shape[2:]))[:channels, ...]
+
+
 def _pick(objective: Array, slack: Callable[[Array], Any], ties: str, xp: Any) -> Array:
     """Index (C,) of the best candidate of ``objective`` (C, K): every candidate within
     ``slack(minimum)`` of the minimum ties with it; ``ties="last"`` takes the largest index among them, ``"first"`` the
@@ -746,7 +768,7 @@ def _squared_error_by_levels32(counts, edges, scale, levels, norm, dense, xp, li
             table = table[..., :2]
         else:
             table, top2 = prefix, xp.zeros(n.shape[:2], dtype=xp.int32, device=device)
-        inner = _by_channel_chunks(
+        inner = _channel_chunks(
             lambda p_c, t_c, n_c, r_c, o_c: _window_sums(p_c, t_c, n_c, r_c, o_c, limbs, xp),
             n.shape[1] * levels * table.shape[-1], xp, table, top2, n, r, off,
         )
