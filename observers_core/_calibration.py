@@ -29,7 +29,8 @@ from array_api_compat import device as _device
 
 from ._collective import check_collective, reduce_range
 from ._compiled import (
-    calib_counts_kernel, gather_sums_kernel, host_view, mse_level_sums_kernel, split_ranges, split_sum, threads,
+    calib_counts_kernel, gather_sums_kernel, host_view, mse_level_sums_kernel, percentile_rows_kernel, split_ranges,
+    split_sum, threads,
 )
 from ._dtypes import QScheme, QuantSpec
 from ._minmax import host_finite_range
@@ -139,17 +140,23 @@ def check_hist_values(hist: Array, edges: Array, xp: Any) -> None:
             xp.all((hist >= 0) & xp.isfinite(xp.astype(hist, xp.float64 if hist.dtype == xp.float64 else xp.float32))),
             xp.all(xp.isfinite(edge_rows)) & xp.all(edge_rows[:, 1:] >= edge_rows[:, :-1]),
         ])
-    counts_ok, edges_ok = read_flags(flags)
+    _raise_unless(*read_flags(flags))
+
+
+def _raise_unless(counts_ok: bool, edges_ok: bool) -> None:
+    """The errors of :func:`check_hist_values` (the host fast paths compute the same two flags)."""
     if not counts_ok:
         raise ValueError("hist must hold finite counts >= 0 (no negative, NaN or infinite count)")
     if not edges_ok:
         raise ValueError("edges must be finite and non-decreasing")
 
 
-def _prepare(hist: Array, edges: Array, xp: Any, check: bool = True) -> _Hist:
-    """Validate a histogram: counts as ``(C, B)`` in the work dtype, edges as a ``(C, B + 1)`` view."""
-    check_real(hist, xp, name="hist")
-    check_real(edges, xp, name="edges")
+def _hist_shape(hist: Array, edges: Array, xp: Any, real: bool = False) -> tuple[int, tuple]:
+    """``(bins, leading shape)`` of a histogram; ``TypeError``/``ValueError`` for wrong dtypes or shapes
+    (``real``: the dtypes are known to be real, integer or floating)."""
+    if not real:
+        check_real(hist, xp, name="hist")
+        check_real(edges, xp, name="edges")
     if hist.ndim < 1 or hist.shape[-1] < 1:
         raise ValueError(f"hist must have shape (..., bins) with bins >= 1, got shape {tuple(hist.shape)}")
     bins = hist.shape[-1]
@@ -159,6 +166,12 @@ def _prepare(hist: Array, edges: Array, xp: Any, check: bool = True) -> _Hist:
             f"edges must have shape ({bins + 1},) or {lead + (bins + 1,)} for hist of shape "
             f"{tuple(hist.shape)}, got {tuple(edges.shape)}"
         )
+    return bins, lead
+
+
+def _prepare(hist: Array, edges: Array, xp: Any, check: bool = True) -> _Hist:
+    """Validate a histogram: counts as ``(C, B)`` in the work dtype, edges as a ``(C, B + 1)`` view."""
+    bins, lead = _hist_shape(hist, edges, xp)
     if check_bool(check, "check"):
         check_hist_values(hist, edges, xp)
     device = _device(hist)
@@ -962,6 +975,53 @@ def histogram_quantization_error(
 # ----------------------------------------------------------------------------------------------
 
 
+_HOST_DTYPES = "bhilqBHILQfd"  # NumPy's type characters of the integer, float32 and float64 dtypes
+
+
+def _percentile_host(hist: Array, edges: Array, keep: float, symmetric: bool, check: bool, xp: Any
+                     ) -> tuple[Array, Array] | None:
+    """:func:`percentile_range` for host arrays (NumPy, torch CPU) with integer counts, by
+    :func:`~observers_core._compiled.percentile_rows_kernel`: one pass over each row (its total and the
+    checks of :func:`check_hist_values`), then a scan from the top for the bin; the array code's bins and
+    errors exactly. ``None`` where it does not apply (other arrays or dtypes, kernels off, non-integer counts,
+    totals from 2**53, invalid counts with ``check=False``): the array code runs."""
+    hv, ev = host_view(hist, xp), host_view(edges, xp)
+    if (hv is None or ev is None or hv.dtype.char not in _HOST_DTYPES or ev.dtype.char not in _HOST_DTYPES
+            or not (hv.dtype.isnative and ev.dtype.isnative) or hist.shape[-1] >= 1 << 22):  # (int64 totals)
+        return None
+    bins, lead = _hist_shape(hist, edges, xp, real=True)
+    counts, rows = hv.reshape(-1, bins), ev.reshape(-1, bins + 1)
+    channels, integer = counts.shape[0], counts.dtype.kind != "f"
+    out = np.empty((channels, 3), dtype=np.int64)
+    if channels == 1:
+        percentile_rows_kernel(0, 1, counts, rows, keep, symmetric, integer, out)
+        status = int(out[0, 2])
+    else:
+        split_ranges(percentile_rows_kernel, channels, threads(counts.size), counts, rows, keep, symmetric,
+                     integer, out, chunk=max(1, (1 << 16) // bins))
+        status = int(np.bitwise_or.reduce(out[:, 2]))
+    if check:
+        _raise_unless(not status & 1, not status & 2)
+    if status & 5:
+        return None
+    out_dtype = rows.dtype if rows.dtype.kind == "f" else np.float64
+    which = np.arange(channels) if rows.shape[0] > 1 else 0
+    hi = rows[which, out[:, 0]].astype(out_dtype).reshape(lead)
+    lo = np.zeros(lead, out_dtype) if symmetric else rows[which, out[:, 1]].astype(out_dtype).reshape(lead)
+    return _from_host(lo, xp), _from_host(hi, xp)
+
+
+def _from_host(a: np.ndarray, xp: Any) -> Array:
+    """A NumPy array this function owns as an array of ``xp`` (torch: zero-copy, ``torch.from_numpy``)."""
+    if is_numpy_namespace(xp):
+        return a
+    if is_torch_namespace(xp):
+        import torch  # only reached with torch tensors
+
+        return torch.from_numpy(a)
+    return xp.asarray(a)
+
+
 def percentile_range(
     hist: Array, edges: Array, /, *, percentile: float = 99.99, symmetric: bool = True, check: bool = True,
     xp: Any = None,
@@ -990,10 +1050,13 @@ def percentile_range(
     if not 0 < percentile <= 100:
         raise ValueError(f"percentile={percentile} is out of range; allowed: 0 < percentile <= 100")
     symmetric = check_bool(symmetric, "symmetric")
+    keep = percentile / 100 if symmetric else 1 - (100 - percentile) / 200
+    fast = _percentile_host(hist, edges, keep, symmetric, check_bool(check, "check"), xp)
+    if fast is not None:
+        return fast
     h = _prepare(hist, edges, xp, check)
     bins = h.counts.shape[-1]
     cum = xp.cumulative_sum(h.counts, axis=-1)
-    keep = percentile / 100 if symmetric else 1 - (100 - percentile) / 200
     target = keep * cum[:, -1:]
     # The first bin whose cumulative count reaches the target (one exists: keep <= 1).
     hi = _select(h.out_edges, xp.argmax(xp.astype(cum >= target, xp.int8), axis=-1), xp)

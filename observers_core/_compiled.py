@@ -40,7 +40,7 @@ __all__ = [
     "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
     # finite ranges and the calibration histogram
     "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_block_sums_kernel", "gather_sums_kernel",
-    "mse_level_sums_kernel", "pairwise_blocks", "pairwise_combine", "pairwise_sum_kernel",
+    "mse_level_sums_kernel", "pairwise_blocks", "pairwise_combine", "pairwise_sum_kernel", "percentile_rows_kernel",
 ]  # fmt: skip
 
 AVAILABLE = numba is not None
@@ -85,10 +85,11 @@ def host_view(x: Array, xp: Any) -> np.ndarray | None:
         return None
     if is_numpy_namespace(xp):
         return np.asarray(x)
-    if is_torch_namespace(xp) and x.device.type == "cpu" and not x.requires_grad:
-        import torch  # only reached with torch tensors
-
-        return None if x.dtype in (torch.bfloat16, torch.complex32) else x.numpy()
+    if is_torch_namespace(xp):
+        try:  # torch refuses tensors off the CPU, tensors that need grad and dtypes NumPy lacks
+            return x.numpy()
+        except (RuntimeError, TypeError):
+            return None
     return None
 
 
@@ -631,3 +632,125 @@ def gather_sums_kernel(values, index, length):  # pragma: no cover (compiled)
                 run[j] = values[c, index[k * length + j]]
             out[c, k] = pairwise_sum_kernel(run)
     return out
+
+
+
+_PCT_BLOCK = 32  # percentile_rows_kernel sums the counts in blocks of this many bins, then scans the blocks
+
+
+@kernel()
+def _int_row_blocks(row, e, blocks):  # pragma: no cover (compiled)
+    """One pass over a row of integer counts and its edges ``e``: the block sums into ``blocks`` (int64;
+    the last holds the bins after the full blocks) and a status: 1 a count is negative,
+    4 one reaches 2**40 (int64 block sums might overflow: not handled exactly), 2 the edges are not finite
+    or not non-decreasing (finite ends, ``e[j + 1] >= e[j]`` everywhere, false for NaN). (The OR of all
+    counts has the sign bit, or a bit from 40 up, exactly when one of them has.)"""
+    n = row.shape[0]
+    full = n // _PCT_BLOCK
+    bits, bad = 0, 0
+    for b in range(full):
+        base = b * _PCT_BLOCK
+        acc = 0
+        for j in range(_PCT_BLOCK):
+            v = np.int64(row[base + j])
+            acc += v
+            bits |= v
+            bad += 0 if e[base + j + 1] >= e[base + j] else 1
+        blocks[b] = acc
+    acc = 0
+    for j in range(full * _PCT_BLOCK, n):
+        v = np.int64(row[j])
+        acc += v
+        bits |= v
+        bad += 0 if e[j + 1] >= e[j] else 1
+    blocks[full] = acc
+    edges_ok = bad == 0 and e[0] - e[0] == 0 and e[n] - e[n] == 0
+    return (1 if bits < 0 else (4 if bits >= 2**40 else 0)) | (0 if edges_ok else 2)
+
+
+@kernel()
+def _float_row_blocks(row, e, blocks):  # pragma: no cover (compiled)
+    """:func:`_int_row_blocks` for float counts: status 1 if a count is negative or not finite, 4 if one is
+    not an integer (then the block sums are unspecified); each block summed in four lanes (exact, in any
+    order, for integers below 2**53)."""
+    n = row.shape[0]
+    full = n // _PCT_BLOCK
+    bad, frac, lo, total = 0, 0.0, 0.0, 0.0
+    for b in range(full + 1):
+        base = b * _PCT_BLOCK
+        size = _PCT_BLOCK if b < full else n - base
+        a0 = a1 = a2 = a3 = 0.0
+        lanes = size - size % 4
+        for j in range(0, lanes, 4):
+            v0, v1 = np.float64(row[base + j]), np.float64(row[base + j + 1])
+            v2, v3 = np.float64(row[base + j + 2]), np.float64(row[base + j + 3])
+            a0 += v0
+            a1 += v1
+            a2 += v2
+            a3 += v3
+            frac += ((v0 - np.floor(v0)) + (v1 - np.floor(v1))) + ((v2 - np.floor(v2)) + (v3 - np.floor(v3)))
+            m = min(min(v0, v1), min(v2, v3))
+            lo = m if m < lo else lo
+        for j in range(lanes, size):
+            v = np.float64(row[base + j])
+            a0 += v
+            frac += v - np.floor(v)
+            lo = v if v < lo else lo
+        for j in range(size):
+            bad += 0 if e[base + j + 1] >= e[base + j] else 1
+        block = (a0 + a1) + (a2 + a3)
+        total += block
+        blocks[b] = np.int64(block) if block < 2.0**53 else 0  # (not finite, or too large: status 1 or 4)
+    edges_ok = bad == 0 and e[0] - e[0] == 0 and e[n] - e[n] == 0
+    counts_bad = lo < 0.0 or total - total != 0.0  # a NaN or inf count makes the total NaN or inf
+    return (1 if counts_bad else (0 if frac == 0.0 and total < 2.0**53 else 4)) | (0 if edges_ok else 2)
+
+
+@kernel()
+def percentile_rows_kernel(first, stop, counts, edges, keep, symmetric, integer, out):  # pragma: no cover
+    """:func:`percentile_range`'s bins for the rows ``first`` to ``stop`` of ``counts`` (C, B) (``integer``:
+    an integer dtype), edges (C or 1, B + 1), into ``out`` (C, 3) int64: the first bin ``i`` whose cumulative
+    count ``S_i`` reaches ``target = keep * N`` (``N`` the row's total), with ``symmetric=False`` also
+    ``bins - i'`` for the first ``i'`` whose count from the top reaches it, and a status: bit 1 a count
+    negative or not finite, bit 2 the row's edges not finite or decreasing, bit 4 the sums not exact
+    (then the indices are unspecified and the caller runs the array code).
+
+    For integer counts with ``N < 2**53`` every partial sum is an exact integer in any order: one pass
+    sums the row in blocks of ``_PCT_BLOCK`` bins (and checks it and its edges), then ``S_{i-1} = N -
+    sum(counts[i:]) >= target``, i.e. ``sum(counts[i:]) <= N - ceil(target)``, is found by a scan from the
+    top over the block sums, then over the bins of one block (from the bottom for ``i'``): the array
+    code's comparisons exactly."""
+    bins = counts.shape[1]
+    full = bins // _PCT_BLOCK
+    blocks = np.empty(full + 1, dtype=np.int64)
+    for c in range(first, stop):
+        row = counts[c]
+        e = edges[c if edges.shape[0] > 1 else 0]  # (shared edges: checked again with each row, from cache)
+        status = _int_row_blocks(row, e, blocks) if integer else _float_row_blocks(row, e, blocks)
+        total = 0
+        for b in range(full + 1):
+            total += blocks[b]
+        status |= 0 if status & 1 or total < 2**53 else 4
+        out[c, 2] = status
+        if status & 5:
+            continue
+        slack = total - np.int64(np.ceil(keep * np.float64(total)))  # >= 0 (keep <= 1)
+        b, suffix = full, 0  # block b holds bins [b * _PCT_BLOCK, min(bins, (b + 1) * _PCT_BLOCK))
+        while b >= 1 and suffix + blocks[b] <= slack:  # every move down through block b is taken
+            suffix += blocks[b]
+            b -= 1
+        i = min(bins, (b + 1) * _PCT_BLOCK) - 1
+        while i > 0 and suffix + np.int64(row[i]) <= slack:
+            suffix += np.int64(row[i])
+            i -= 1
+        out[c, 0] = i
+        if not symmetric:  # the first i' with sum(row[bins - 1 - i':]) >= target is bins - 1 - k, k the last
+            b, prefix = 0, 0  # with sum(row[:k]) <= slack (from the bottom)
+            while b < full and (b + 1) * _PCT_BLOCK <= bins - 1 and prefix + blocks[b] <= slack:
+                prefix += blocks[b]
+                b += 1
+            k = b * _PCT_BLOCK
+            while k < bins - 1 and prefix + np.int64(row[k]) <= slack:
+                prefix += np.int64(row[k])
+                k += 1
+            out[c, 1] = k + 1

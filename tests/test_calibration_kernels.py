@@ -174,3 +174,110 @@ def test_mse_level_sums_kernel_only_for_integer_counts(monkeypatch):
         assert array_path == compiled, case
         curves = _both(lambda: np.asarray(mse_errors(h, edges, spec=spec, xp=xp).objective), monkeypatch)
         np.testing.assert_array_equal(curves[0], curves[1])
+
+
+def _pct_cases(rng):
+    """Histograms for the percentile fast path: random, and the hard cases (zeros, one bin, huge
+    counts, counts near 2**40 and 2**53, non-integer counts, float32 and small integer dtypes)."""
+    for case in range(40):
+        bins = int(rng.choice([1, 2, 7, 31, 32, 33, 64, 100, 2048]))
+        kind = case % 10
+        h = rng.integers(0, 1000, bins).astype(np.int64)
+        if kind == 1:
+            h[:] = 0
+        elif kind == 2:
+            h[:] = 0
+            h[rng.integers(bins)] = int(rng.integers(1, 10**6))
+        elif kind == 3:
+            h = rng.integers(0, 2**40 // max(bins, 1), bins)  # large, below the int64 lane limit
+        elif kind == 4:
+            h = h.astype(np.float64) + 0.5  # not integers: the array code
+        elif kind == 5:
+            h = (h * (2**43)).astype(np.float64)  # integers, totals beyond 2**53 for many bins
+        elif kind == 6:
+            h = h.astype(np.float32)
+        elif kind == 7:
+            h = np.minimum(h, 255).astype(np.uint8)
+        elif kind == 8:
+            h = np.where(rng.random(bins) < 0.9, 0, h)  # sparse, long empty tails
+        elif kind == 9:
+            h = rng.integers(2**40, 2**41, bins)  # past the int64 lane limit: the array code
+        edges = np.cumsum(rng.random(bins + 1)) * 10.0 ** rng.integers(-3, 3)
+        yield h, edges
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_percentile_fast_path_equals_array_code(monkeypatch, symmetric):
+    from observers_core import percentile_range
+
+    rng = np.random.default_rng(21 + symmetric)
+    for h, edges in _pct_cases(rng):
+        for p in (100.0, 99.99, 99.9, 90.0, 50.0, 1e-3):
+            for hh, ee in ((h, edges), (np.stack([h, h[::-1]]), np.stack([edges, edges])), (np.stack([h, h]), edges)):
+                got = _both(lambda: [np.asarray(a) for a in percentile_range(hh, ee, percentile=p, symmetric=symmetric,
+                                                                             xp=xp)], monkeypatch)
+                for general, fast in zip(*got):
+                    assert general.dtype == fast.dtype and general.shape == fast.shape
+                    np.testing.assert_array_equal(general, fast)
+
+
+def test_percentile_fast_path_runs_where_exact(monkeypatch):
+    from observers_core import _calibration, percentile_range
+
+    statuses = []
+    kernel = _compiled.percentile_rows_kernel
+
+    def spy(first, stop, counts, edges, keep, symmetric, integer, out):
+        kernel(first, stop, counts, edges, keep, symmetric, integer, out)
+        statuses.extend(out[first:stop, 2].tolist())
+
+    monkeypatch.setattr(_calibration, "percentile_rows_kernel", spy)
+    e = np.linspace(0.0, 1.0, 2049)
+    for h, status in ((np.arange(2048), 0), (np.arange(2048.0), 0), (np.arange(2048, dtype=np.float32), 0),
+                      (np.arange(2048) + 0.5, 4), (np.full(2048, 2.0**50), 4), (np.full(2048, 2**40), 4)):
+        statuses.clear()
+        lo, hi = percentile_range(h, e, percentile=99.0, xp=xp)
+        assert statuses == [status], (h[:2], statuses)
+        monkeypatch.setattr(_compiled, "ENABLED", False)
+        assert float(hi) == float(percentile_range(h, e, percentile=99.0, xp=xp)[1])
+        monkeypatch.setattr(_compiled, "ENABLED", True)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "negative", "nan_edge", "falling_edge"])
+def test_percentile_fast_path_rejects_as_before(monkeypatch, bad):
+    from observers_core import percentile_range
+
+    h = np.arange(1.0, 257.0)
+    e = np.linspace(0.0, 1.0, 257)
+    if bad in ("nan", "inf", "negative"):
+        h[100] = {"nan": np.nan, "inf": np.inf, "negative": -1.0}[bad]
+    else:
+        e[50] = np.nan if bad == "nan_edge" else -1.0
+    for per_channel in (False, True):
+        hh, ee = (np.stack([h, h]), np.stack([e, e])) if per_channel else (h, e)
+        messages = []
+        for enabled in (False, True):
+            monkeypatch.setattr(_compiled, "ENABLED", enabled)
+            with pytest.raises(ValueError) as err:
+                percentile_range(hh, ee, xp=xp)
+            messages.append(str(err.value))
+            if bad in ("nan", "inf"):  # check=False: NaN thresholds, as before
+                assert np.isnan(np.asarray(percentile_range(hh, ee, check=False, xp=xp)[1])).all()
+        assert messages[0] == messages[1]
+
+
+def test_percentile_fast_path_torch_cpu(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import array_api_compat.torch as txp
+
+    from observers_core import percentile_range
+
+    rng = np.random.default_rng(5)
+    h = rng.integers(0, 100, (3, 300))
+    e = np.sort(rng.random((3, 301)), axis=-1).astype(np.float32)
+    for hist in (torch.as_tensor(h), torch.as_tensor(h, dtype=torch.float32)):
+        got = _both(lambda: percentile_range(hist, torch.as_tensor(e), percentile=99.5, symmetric=False, xp=txp),
+                    monkeypatch)
+        for general, fast in zip(*got):
+            assert isinstance(fast, torch.Tensor) and fast.dtype == general.dtype == torch.float32
+            assert torch.equal(general, fast)
