@@ -1040,7 +1040,9 @@ def percentile_range(
       the histogram negates the range exactly.
 
     ``percentile`` must be in ``(0, 100]``. Comparisons use cumulative counts (exact for integer
-    counts), not a cumulative sum of fractions. An empty histogram gives ``hi = edges[0]`` and, when
+    counts), not a cumulative sum of fractions; the target ``p N`` is rounded to the work dtype, so in
+    float32 (JAX without x64) a bin whose cumulative count lies within float32's rounding of ``p N`` may
+    be taken one bin lower than in float64. An empty histogram gives ``hi = edges[0]`` and, when
     not symmetric, ``lo = edges[-1]`` (an inverted range: ``calculate_qparams`` falls back to scale 1).
     """
     xp = array_namespace(hist, edges, xp=xp)
