@@ -15,6 +15,7 @@ which the test imports (this module imports JAX only in :func:`main`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -42,7 +43,7 @@ OBSERVERS = {
 ALWAYS_SKIPS_NONFINITE = {"Percentile", "Mix"}
 MODES = ("shard_map", "pmap")
 EXTRA_CHECKS = (
-    "collective_nan_wins/shard_map", "collective_nan_wins/pmap", "explicit_mesh/shard_map",
+    "collective_nan_wins/shard_map", "collective_nan_wins/pmap", "explicit_mesh/shard_map", "explicit_mesh/sharded_input",
     "wrong_axis_name/shard_map", "wrong_axis_name/pmap", "unbound_axis_name",
     "kl_accumulate/shard_map", "kl_accumulate/pmap",
 )
@@ -182,6 +183,27 @@ def main() -> dict[str, list]:
         return (observe_check("MinMax", "nan", "shard_map", mesh)
                 or observe_check("Histogram", "uneven", "shard_map", mesh, qparams=False))  # fmt: skip
 
+    def explicit_sharded_input() -> str | None:
+        """HistogramObserver.update and __call__ (no shard_map: the jitted update sees the global array)
+        on batches sharded over a mesh with Explicit axes, outside and inside ``jax.set_mesh``: the state
+        equals the one-device state bit for bit (the binning's ``bincount`` is a scatter of sharded
+        indices, which needs an ``out_sharding`` there); under ``set_mesh`` the qparams too."""
+        mesh = jax.make_mesh((DEVICES,), (AXIS,), axis_types=(jax.sharding.AxisType.Explicit,))
+        for under_mesh in (False, True):
+            obs = jobs.HistogramObserver(bins=64, ignore_nonfinite=True)
+            state = ref_state = obs.init_state()
+            with jax.set_mesh(mesh) if under_mesh else contextlib.nullcontext():
+                for i, x in enumerate(batches("uneven")):
+                    xs = jax.device_put(jnp.asarray(x), NamedSharding(mesh, P(AXIS)))
+                    state = obs.update(state, xs)
+                    obs(xs)
+                    ref_state = obs.update(ref_state, jnp.asarray(x))
+                    if not (same_tree(state, ref_state) and same_tree(obs.state, ref_state)):
+                        return f"set_mesh={under_mesh}, step {i}: {jax.tree.map(np.asarray, state)} != {ref_state}"
+                if under_mesh and not same_tree(obs.calculate_qparams(), obs.qparams(ref_state)):
+                    return f"qparams {obs.calculate_qparams()} != single device {obs.qparams(ref_state)}"
+        return None
+
     def wrong_axis(mode: str) -> str | None:
         obs = jobs.MinMaxObserver()
         step = distributed_step(obs, mode, axis_name="model")
@@ -217,6 +239,7 @@ def main() -> dict[str, list]:
         record(f"collective_nan_wins/{mode}", lambda mode=mode: nan_wins(mode))
         record(f"wrong_axis_name/{mode}", lambda mode=mode: wrong_axis(mode))
     record("explicit_mesh/shard_map", explicit_mesh)
+    record("explicit_mesh/sharded_input", explicit_sharded_input)
     record("unbound_axis_name", unbound)
     return results
 
