@@ -507,19 +507,22 @@ def mse_level_sums_kernel(first, stop, p0, p1, r, off, levels, bins, out):  # pr
     2**53, where those are exact)."""
     top = np.float64(bins)
     half = np.arange(1, levels).astype(np.float64) - 0.5  # m - 1/2, exactly
+    index = np.empty(levels - 1, dtype=np.uint32)  # (unsigned 32-bit indices vectorize)
     for c in range(r.shape[0]):
         q0, q1 = p0[c].astype(np.int64), p1[c].astype(np.int64)
         for k in range(first, stop):
             rk, ok = r[c, k], off[c, k]
-            y0 = y1 = x1 = 0
-            for i in range(half.shape[0]):
+            for i in range(half.shape[0]):  # the boundaries first (vectorized), then the gathers: ~1.5x faster
                 n = np.ceil(half[i] * rk - ok)
                 n = 0.0 if n < 0.0 else n
                 n = top if n > top else n
-                j = np.uint32(np.int32(n))  # (an unsigned 32-bit index vectorizes)
-                y0 += q0[j]
-                y1 += (2 * i + 1) * q0[j]
-                x1 += q1[j]
+                index[i] = np.uint32(np.int32(n))
+            y0 = y1 = x1 = 0
+            for i in range(half.shape[0]):
+                g = q0[index[i]]
+                y0 += g
+                y1 += (2 * i + 1) * g
+                x1 += q1[index[i]]
             out[c, k, 0], out[c, k, 1], out[c, k, 2] = y0, y1, x1
 
 
