@@ -57,7 +57,6 @@ from observers_core._minmax import MinMaxState
 from observers_core._namespace import size
 from observers_core._qparams import QParams
 from observers_core.families.calibration import (
-    CalibConfig,
     KLAccumulator,
     batch_update,
     describe,
@@ -68,7 +67,7 @@ from observers_core.families.calibration import (
     make_config,
 )
 
-from ._array_observers import UniformQuantizationObserverBase
+from ._array_observers import UniformQuantizationObserverBase, read_only
 
 __all__ = ["KLObserver", "MSEObserver", "PercentileObserver", "MixObserver"]
 
@@ -113,10 +112,7 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
         self._config = config
         self.last_choice: Array | None = None
 
-    @property
-    def config(self) -> CalibConfig:
-        """The validated, hashable calibration configuration."""
-        return self._config
+    config = read_only("_config", "The validated, hashable calibration configuration (a ``CalibConfig``).")
 
     # -- the core's steps, through the backend -------------------------------------------------
     def _compute_batch(self, state: MinMaxState, x: Array, axis: int | None,
@@ -265,14 +261,10 @@ class KLObserver(_CalibrationObserver):
         self._acc: KLAccumulator | None = None
         self.num_steps = 0
 
-    @property
-    def update_interval(self) -> int:
-        return self._config.update_interval
-
-    @property
-    def accumulator(self) -> KLAccumulator | None:
-        """The accumulated histogram and range (``None`` before the first batch; not in the state dict)."""
-        return self._acc
+    update_interval = read_only("_config.update_interval")
+    accumulator = read_only(
+        "_acc", "The accumulated histogram and range (``None`` before the first batch; not in the state dict)."
+    )
 
     # -- the core's steps, through the backend -------------------------------------------------
     def _make_accumulator(self, num_channels: int | None) -> Any:

@@ -44,7 +44,7 @@ from observers_core.families import histogram as family
 from observers_core._namespace import device_of
 from observers_core._qparams import QParams
 
-from ._array_observers import UniformQuantizationObserverBase, check_entry, check_keys
+from ._array_observers import UniformQuantizationObserverBase, check_entry, check_keys, read_only
 
 __all__ = ["HistogramObserver"]
 
@@ -128,23 +128,11 @@ class HistogramObserver(UniformQuantizationObserverBase):
             ignore_nonfinite=ignore_nonfinite, xp=xp,
         )
         self._dst_nbins = check_dtype(self._spec.dtype, owner)
-        self._state: HistogramState | None = None
 
     # -- configuration -------------------------------------------------------------------------------
-    @property
-    def bins(self) -> int:
-        """Number of histogram bins."""
-        return self._bins
-
-    @property
-    def upsample_rate(self) -> int:
-        """Sub-bins per bin when the old histogram is moved onto a wider range."""
-        return self._upsample_rate
-
-    @property
-    def dst_nbins(self) -> int:
-        """Destination bins of the search: ``2**bits`` of ``dtype``."""
-        return self._dst_nbins
+    bins = read_only("_bins", "Number of histogram bins.")
+    upsample_rate = read_only("_upsample_rate", "Sub-bins per bin when the old histogram is moved onto a wider range.")
+    dst_nbins = read_only("_dst_nbins", "Destination bins of the search: ``2**bits`` of ``dtype``.")
 
     # -- state ---------------------------------------------------------------------------------------
     def init_state(self, num_channels: int | None = None) -> HistogramState:

@@ -32,12 +32,10 @@ from typing import Any
 import numpy as np
 
 from observers_core._dtypes import FLOAT32_EPS
-from observers_core._lowbit import LowBitSpec
 from observers_core._minmax import MinMaxState
 from observers_core._mx import BlockScale
 from observers_core._namespace import size
 from observers_core._qparams import QParams
-from observers_core._validate import check_bool
 from observers_core.families import lowbit as family
 from observers_core.families.lowbit import (
     UNINITIALIZED_WARNING,
@@ -93,15 +91,7 @@ class LowBitObserver(StatefulObserver):
             type(self).__name__, self._FAMILY, dtype, granularity=granularity, axis=axis, group_size=group_size,
             block_size=block_size, symmetric=symmetric, rounding=rounding, eps=eps,
         )
-        super().__init__(spec.dtype, is_dynamic, xp=xp)
-        self.ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
-        self._spec = spec
-        self._state: MinMaxState | None = None
-
-    @property
-    def spec(self) -> LowBitSpec:
-        """The validated, hashable configuration."""
-        return self._spec
+        super().__init__(spec, is_dynamic, ignore_nonfinite=ignore_nonfinite, xp=xp)
 
     @property
     def config(self) -> family.Config:

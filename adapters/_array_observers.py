@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from observers_core._dtypes import FLOAT32_EPS, QScheme, QuantSpec, quant_spec
+from observers_core._dtypes import FLOAT32_EPS, QScheme, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import check_real, device_of, index_dtype, normalize_axis, size
 from observers_core._qparams import QParams
@@ -45,6 +46,11 @@ __all__ = [
 ]
 
 Array = Any
+
+def read_only(path: str, doc: str | None = None) -> property:
+    """A read-only property returning the attribute at ``path`` (dotted: ``"_spec.quant_min"``)."""
+    return property(operator.attrgetter(path), doc=doc)
+
 
 def host_array(value: Any, name: str) -> np.ndarray:
     """A state-dict entry (numpy, cupy, jax, torch CPU, array_api_strict...) as a numpy array."""
@@ -164,9 +170,20 @@ class ObserverBase:
 
 
 class StatefulObserver(ObserverBase):
-    """An observer with statistics (``_state``; ``None``: nothing seen yet) kept in its ``state_dict``."""
+    """An observer with a validated configuration (:attr:`spec`), ``ignore_nonfinite`` and statistics
+    (``_state``; ``None``: nothing seen yet) kept in its ``state_dict``."""
 
     _state: Any = None
+
+    def __init__(
+        self, spec: Any, is_dynamic: bool = False, *, ignore_nonfinite: bool = False, xp: Any = None, device: Any = None
+    ) -> None:
+        super().__init__(spec.dtype, is_dynamic, xp=xp, device=device)
+        self.ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
+        self._spec = spec
+        self._state = None
+
+    spec = read_only("_spec", "The validated, hashable configuration.")
 
     @property
     def min_val(self) -> Array:
@@ -215,42 +232,18 @@ class UniformQuantizationObserverBase(StatefulObserver):
             raise ValueError(f"qscheme={spec.qscheme.value!r} is not supported by {type(self).__name__}; allowed: {family}")
         if spec.qscheme.is_symmetric and reduce_range and spec.dtype == "quint8":
             raise ValueError("reduce_range=True is not supported for symmetric quantization with dtype='quint8'")
-        super().__init__(spec.dtype, is_dynamic, xp=xp, device=device)
-        self.ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
+        super().__init__(spec, is_dynamic, ignore_nonfinite=ignore_nonfinite, xp=xp, device=device)
         self.reduce_range = bool(reduce_range)
-        self._spec = spec
-        self._state: MinMaxState | None = None
 
-    # -- configuration -------------------------------------------------------------------------------
-    @property
-    def spec(self) -> QuantSpec:
-        """The resolved, hashable quantization configuration."""
-        return self._spec
-
-    @property
-    def qscheme(self) -> QScheme:
-        return self._spec.qscheme
-
-    @property
-    def quant_min(self) -> int:
-        return self._spec.quant_min
-
-    @property
-    def quant_max(self) -> int:
-        return self._spec.quant_max
-
-    @property
-    def has_customized_qrange(self) -> bool:
-        return self._spec.has_customized_qrange
-
-    @property
-    def eps(self) -> float:
-        return self._spec.eps
-
-    @property
-    def averaging_constant(self) -> float | None:
-        """``c`` of the moving average ``x_min <- x_min + c * (min(X) - x_min)``; ``None``: running min/max."""
-        return self._averaging_constant
+    # -- configuration (``spec``: the resolved :class:`~observers_core.QuantSpec`) --------------------
+    qscheme = read_only("_spec.qscheme")
+    quant_min = read_only("_spec.quant_min")
+    quant_max = read_only("_spec.quant_max")
+    has_customized_qrange = read_only("_spec.has_customized_qrange")
+    eps = read_only("_spec.eps")
+    averaging_constant = read_only(
+        "_averaging_constant", "``c`` of the moving average ``x_min <- x_min + c * (min(X) - x_min)``; ``None``: running min/max."
+    )
 
     _averaging_constant: float | None = None
 
