@@ -29,7 +29,7 @@ from array_api_compat import device as _device
 
 from ._collective import check_collective, reduce_range
 from ._compiled import (
-    calib_counts_kernel, gather_sums_kernel, host_view, mse_level_sums_kernel, percentile_rows_kernel, split_ranges,
+    calib_counts_kernel, gather_sums_kernel, host_view, mse_level_errors_kernel, percentile_rows_kernel, split_ranges,
     split_sum, threads,
 )
 from ._dtypes import QScheme, QuantSpec
@@ -614,17 +614,19 @@ def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Ar
         x1 = xp.sum(xp.reshape(g1, tuple(n.shape)), axis=-1)
         return xp.concat([y, x1[..., None]], axis=-1)
 
+    unit = (w / norm[:, None]) ** 2
     hosts = [host_view(a, xp) for a in (p0, p1, r, off)] if levels > 1 and dtype == xp.float64 else [None]
     if all(h is not None for h in hosts) and _integral(hosts[0]):  # host memory with the compiled kernels: no
         # (C, K, M) temporaries; the kernel sums the prefix sums as int64, so only for integer counts
         p0_h, p1_h, r_h, off_h = hosts
-        sums = np.empty(r_h.shape + (3,), dtype=np.float64)
+        consts = np.concatenate([np.reshape(host_view(a, xp), (channels, 1)) for a in (s0, s1, s2, unit)], axis=1)
+        err, bound = np.empty(r_h.shape, dtype=np.float64), np.empty(r_h.shape, dtype=np.float64)
         candidates = r_h.shape[1]  # shared by threads (exact sums: the same result on any number of threads)
-        split_ranges(mse_level_sums_kernel, candidates, threads(r_h.size * levels), p0_h, p1_h, r_h,
-                     np.broadcast_to(off_h, r_h.shape), levels, bins, sums, chunk=256)
-        sums = xp.asarray(sums)
-        y0, y1, x1 = sums[..., 0], sums[..., 1], sums[..., 2]
-    elif levels > 1:
+        split_ranges(mse_level_errors_kernel, candidates, threads(r_h.size * levels), p0_h, p1_h, r_h,
+                     np.reshape(off_h, (channels,)), consts, levels, bins, 16 * _eps_of(dtype, xp), err, bound,
+                     chunk=256)
+        return xp.asarray(err), xp.asarray(bound)
+    if levels > 1:
         sums = _by_channel_chunks(boundary_sums, r.shape[1] * (levels - 1) * 3, xp, p0, p1, r, off)
         y0, y1, x1 = sums[..., 0], sums[..., 1], sums[..., 2]
     else:
@@ -633,7 +635,6 @@ def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Ar
     terms = (s2, 2 * u_top * s1, u_top * u_top * s0, 2 * r * x1, r * r * y1, 2 * r * off * y0)
     err = terms[0] - terms[1] + terms[2] + terms[3] - terms[4] + terms[5]
     bound = 16 * _eps_of(dtype, xp) * sum(xp.abs(t) for t in terms)
-    unit = (w / norm[:, None]) ** 2
     return xp.maximum(err, 0.0) * unit, bound * unit
 
 

@@ -40,7 +40,7 @@ __all__ = [
     "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
     # finite ranges and the calibration histogram
     "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_block_sums_kernel", "gather_sums_kernel",
-    "mse_level_sums_kernel", "pairwise_blocks", "pairwise_combine", "pairwise_sum_kernel", "percentile_rows_kernel",
+    "mse_level_errors_kernel", "pairwise_blocks", "pairwise_combine", "pairwise_sum_kernel", "percentile_rows_kernel",
 ]  # fmt: skip
 
 AVAILABLE = numba is not None
@@ -498,20 +498,24 @@ def fq_block_sums_kernel(first, stop, rows, blocks, inv_scale, scale, zero_point
 
 
 @kernel()
-def mse_level_sums_kernel(first, stop, p0, p1, r, off, levels, bins, out):  # pragma: no cover (compiled)
-    """:func:`_squared_error_by_levels`' boundary sums for host arrays, candidates ``first`` to ``stop``: for
-    each channel ``c`` and candidate ``k``, with ``n_m = clip(ceil((m - 1/2) r - o), 0, bins)`` over
-    ``m = 1 .. levels - 1``: ``Y0 = sum P0[n_m]``, ``Y1 = sum (2m - 1) P0[n_m]``, ``X1 = sum P1[n_m]`` into
-    ``out`` (C, K, 3) float64. ``n_m`` is computed with the array code's float64 operations; the prefix sums
-    of integer counts are integers, summed here as int64: exact, so equal to the array code's sums (below
-    2**53, where those are exact)."""
+def mse_level_errors_kernel(first, stop, p0, p1, r, off, consts, levels, bins, eps16, err, bound):  # pragma: no cover
+    """:func:`_squared_error_by_levels` for host arrays, candidates ``first`` to ``stop``: for each channel
+    ``c`` and candidate ``k``, with ``n_m = clip(ceil((m - 1/2) r - o), 0, bins)`` over ``m = 1 .. levels - 1``,
+    the boundary sums ``Y0 = sum P0[n_m]``, ``Y1 = sum (2m - 1) P0[n_m]``, ``X1 = sum P1[n_m]``, then the error
+    ``max(S2 - 2 u S1 + u**2 S0 + 2 r X1 - r**2 Y1 + 2 r o Y0, 0) * unit`` (``u = (levels - 1) r - o``) into
+    ``err`` and its bound ``eps16 * (sum of the six terms' magnitudes) * unit`` into ``bound`` (C, K).
+    ``consts`` (C, 4): ``S0, S1, S2, unit``; ``off`` (C,). Every float64 operation is the array code's, in its
+    order; the prefix sums of integer counts are integers, summed here as int64: exact, so equal to the
+    array code's sums (below 2**53, where those are exact)."""
     top = np.float64(bins)
+    top_level = np.float64(levels - 1)
     half = np.arange(1, levels).astype(np.float64) - 0.5  # m - 1/2, exactly
     index = np.empty(levels - 1, dtype=np.uint32)  # (unsigned 32-bit indices vectorize)
     for c in range(r.shape[0]):
         q0, q1 = p0[c].astype(np.int64), p1[c].astype(np.int64)
+        ok, s0, s1, s2, unit = off[c], consts[c, 0], consts[c, 1], consts[c, 2], consts[c, 3]
         for k in range(first, stop):
-            rk, ok = r[c, k], off[c, k]
+            rk = r[c, k]
             for i in range(half.shape[0]):  # the boundaries first (vectorized), then the gathers: ~1.5x faster
                 n = np.ceil(half[i] * rk - ok)
                 n = 0.0 if n < 0.0 else n
@@ -523,7 +527,15 @@ def mse_level_sums_kernel(first, stop, p0, p1, r, off, levels, bins, out):  # pr
                 y0 += g
                 y1 += (2 * i + 1) * g
                 x1 += q1[index[i]]
-            out[c, k, 0], out[c, k, 1], out[c, k, 2] = y0, y1, x1
+            u = top_level * rk - ok
+            t1 = 2.0 * u * s1
+            t2 = u * u * s0
+            t3 = 2.0 * rk * np.float64(x1)
+            t4 = rk * rk * np.float64(y1)
+            t5 = 2.0 * rk * ok * np.float64(y0)
+            e = s2 - t1 + t2 + t3 - t4 + t5
+            err[c, k] = (e if e >= 0.0 or e != e else 0.0) * unit  # np.maximum(e, 0.0): NaN and -0.0 kept
+            bound[c, k] = eps16 * (abs(s2) + abs(t1) + abs(t2) + abs(t3) + abs(t4) + abs(t5)) * unit
 
 
 @kernel()

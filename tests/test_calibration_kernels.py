@@ -97,6 +97,42 @@ def test_mse_search_is_bit_identical(monkeypatch):
         assert array_path == compiled, case
 
 
+@pytest.mark.parametrize("bins", [256, 2048])
+def test_mse_error_curves_are_bit_identical(bins, monkeypatch):
+    """The compiled level sums and error terms give the array code's curves and bounds bit for bit (integer
+    counts up to ~1e9 per bin, the boundary sums below 2**53 where the array code's float64 sums are exact;
+    ``S2 = sum h j**2``, summed by the array code for both, reaches 2**53), empty and one-bin histograms,
+    per tensor and per channel, symmetric and affine."""
+    from observers_core import _calibration, mse_errors
+
+    rng = np.random.default_rng(30 + bins)
+    specs = [quant_spec("qint8", "per_tensor_symmetric"), quant_spec("quint8", "per_tensor_affine"),
+             quant_spec("qint8", "per_tensor_symmetric", quant_min=-127, quant_max=127)]
+    for case in range(24):
+        channels = 1 + case % 3
+        scale = 10.0 ** int(rng.integers(0, 7))
+        h = np.floor(np.minimum(rng.pareto(1.5, (channels, bins)), 1e3) * scale)
+        if case % 8 == 5:
+            h[:] = 0.0
+        elif case % 8 == 6:
+            h[:] = 0.0
+            h[:, int(rng.integers(bins))] = scale
+        edges = np.linspace(0.0, float(rng.uniform(0.01, 100.0)), bins + 1)
+        spec = specs[case % 3]
+        norm = _calibration.error_norm(edges[None, :], xp)
+        scales = np.asarray(rng.uniform(1e-3, 1.0, (channels, 7)) * edges[-1] / 64)
+        levels = spec.quant_max - _calibration.mse_window(spec)[0] + 1
+        array_path, compiled = _both(lambda: [np.asarray(a) for a in _calibration._squared_error_by_levels(
+            h, np.broadcast_to(edges, (channels, bins + 1)), scales, levels, np.broadcast_to(norm, (channels,)), xp)],
+            monkeypatch)
+        for general, fast in zip(array_path, compiled):  # the errors, then their bounds
+            np.testing.assert_array_equal(general, fast)
+        curves = _both(lambda: np.asarray(mse_errors(h, edges, spec=spec, xp=xp).objective), monkeypatch)
+        np.testing.assert_array_equal(curves[0], curves[1])
+        thresholds = _both(lambda: np.asarray(mse_threshold(h, edges, spec=spec, xp=xp)), monkeypatch)
+        np.testing.assert_array_equal(thresholds[0], thresholds[1])
+
+
 def test_pairwise_sum_is_numpys():
     rng = np.random.default_rng(2)
     for n in [0, 1, 7, 8, 9, 127, 128, 129, 136, 255, 256, 1000, 100003, 1 << 20]:
@@ -148,13 +184,13 @@ def test_mix_candidate_errors_are_bit_identical(per_channel, monkeypatch):
     assert checked == 100
 
 
-def test_mse_level_sums_kernel_only_for_integer_counts(monkeypatch):
+def test_mse_level_errors_kernel_only_for_integer_counts(monkeypatch):
     """The compiled level sums add the prefix sums as int64: non-integer counts (weights, averaged
     histograms) take the array code, whose float64 curve they then match; integer counts keep the kernel."""
     rng = np.random.default_rng(8)
     spec = quant_spec("qint8", "per_tensor_symmetric", quant_min=-127, quant_max=127)
     calls = []
-    kernel = _compiled.mse_level_sums_kernel
+    kernel = _compiled.mse_level_errors_kernel
 
     def spy(*args):
         calls.append(1)
@@ -162,7 +198,7 @@ def test_mse_level_sums_kernel_only_for_integer_counts(monkeypatch):
 
     from observers_core import _calibration, mse_errors
 
-    monkeypatch.setattr(_calibration, "mse_level_sums_kernel", spy)
+    monkeypatch.setattr(_calibration, "mse_level_errors_kernel", spy)
     for case in range(12):
         h = rng.integers(0, 1000, 512).astype(np.float64)
         if case % 2:
