@@ -325,6 +325,20 @@ _ObserverBase = UniformQuantizationObserverBase
 
 
 
+def _check_qscheme(qscheme, owner: str, *, per_channel: bool) -> None:
+    """torch's ``NotImplementedError`` for a ``qscheme`` of the other granularity than ``owner``'s."""
+    scheme = to_core_qscheme(qscheme)
+    if per_channel and not scheme.is_per_channel:
+        raise NotImplementedError(
+            f"{owner}'s qscheme only supports torch.per_channel_symmetric, "
+            f"torch.per_channel_affine and torch.per_channel_affine_float_qparams, got {qscheme}"
+        )
+    if not per_channel and not scheme.is_per_tensor:
+        raise NotImplementedError(
+            f"{owner}'s qscheme only supports torch.per_tensor_symmetric and torch.per_tensor_affine, got {qscheme}"
+        )
+
+
 def _check_symmetric_reduce_range(observer: UniformQuantizationObserverBase) -> None:
     if observer.qscheme in (torch.per_tensor_symmetric, torch.per_channel_symmetric) and observer.reduce_range \
             and observer.dtype == torch.quint8:
@@ -356,11 +370,7 @@ class MinMaxObserver(UniformQuantizationObserverBase):
         ignore_nonfinite=False,
         **kwargs,
     ) -> None:
-        if not to_core_qscheme(qscheme).is_per_tensor:
-            raise NotImplementedError(
-                f"{type(self).__name__}'s qscheme only supports torch.per_tensor_symmetric and "
-                f"torch.per_tensor_affine, got {qscheme}"
-            )
+        _check_qscheme(qscheme, type(self).__name__, per_channel=False)
         super().__init__(
             dtype=dtype,
             qscheme=qscheme,
@@ -427,11 +437,7 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
         ignore_nonfinite=False,
         **kwargs,
     ) -> None:
-        if not to_core_qscheme(qscheme).is_per_tensor:
-            raise NotImplementedError(
-                f"MovingAverageMinMaxObserver's qscheme only supports torch.per_tensor_symmetric and "
-                f"torch.per_tensor_affine, got {qscheme}"
-            )
+        _check_qscheme(qscheme, "MovingAverageMinMaxObserver", per_channel=False)
         if is_dynamic and check_averaging_constant(averaging_constant) != 1:
             raise NotImplementedError(
                 f"MovingAverageMinMaxObserver doesn't support dynamic quantization for averaging constant "
@@ -480,11 +486,7 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
         ignore_nonfinite=False,
         **kwargs,
     ) -> None:
-        if not to_core_qscheme(qscheme).is_per_channel:
-            raise NotImplementedError(
-                f"{type(self).__name__}'s qscheme only supports torch.per_channel_symmetric, "
-                f"torch.per_channel_affine and torch.per_channel_affine_float_qparams, got {qscheme}"
-            )
+        _check_qscheme(qscheme, type(self).__name__, per_channel=True)
         if is_dynamic:
             raise NotImplementedError(f"{type(self).__name__} doesn't support dynamic quantization")
         if isinstance(ch_axis, bool) or not isinstance(ch_axis, (int, np.integer)):
@@ -615,11 +617,7 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
         ignore_nonfinite=False,
         **kwargs,
     ) -> None:
-        if not to_core_qscheme(qscheme).is_per_channel:
-            raise NotImplementedError(
-                "MovingAveragePerChannelMinMaxObserver's qscheme only supports torch.per_channel_symmetric, "
-                f"torch.per_channel_affine and torch.per_channel_affine_float_qparams, got {qscheme}"
-            )
+        _check_qscheme(qscheme, "MovingAveragePerChannelMinMaxObserver", per_channel=True)
         if is_dynamic:
             raise NotImplementedError("MovingAveragePerChannelMinMaxObserver doesn't support dynamic quantization")
         check_averaging_constant(averaging_constant)
@@ -808,13 +806,12 @@ default_debug_observer = RecordingObserver
 default_weight_observer = MinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)
 """Default weight observer."""
 
-weight_observer_range_neg_127_to_127 = MinMaxObserver.with_args(
-    dtype=torch.qint8,
-    qscheme=torch.per_tensor_symmetric,
-    quant_min=-127,
-    quant_max=127,
-    eps=2**-12,
-)
+def _range_neg_127_to_127(cls, qscheme):
+    """``cls`` with torch's arguments of the two ``*_range_neg_127_to_127`` presets (qint8 in [-127, 127])."""
+    return cls.with_args(dtype=torch.qint8, qscheme=qscheme, quant_min=-127, quant_max=127, eps=2**-12)
+
+
+weight_observer_range_neg_127_to_127 = _range_neg_127_to_127(MinMaxObserver, torch.per_tensor_symmetric)
 """Symmetric weight observer with the 8-bit values restricted to [-127, +127], excluding -128."""
 
 default_per_channel_weight_observer = PerChannelMinMaxObserver.with_args(
@@ -822,12 +819,8 @@ default_per_channel_weight_observer = PerChannelMinMaxObserver.with_args(
 )
 """Default per-channel weight observer (fbgemm/x86 backends)."""
 
-per_channel_weight_observer_range_neg_127_to_127 = PerChannelMinMaxObserver.with_args(
-    dtype=torch.qint8,
-    qscheme=torch.per_channel_symmetric,
-    quant_min=-127,
-    quant_max=127,
-    eps=2**-12,
+per_channel_weight_observer_range_neg_127_to_127 = _range_neg_127_to_127(
+    PerChannelMinMaxObserver, torch.per_channel_symmetric
 )
 """Per-channel, symmetric weight observer with the 8-bit values restricted to [-127, +127]."""
 
