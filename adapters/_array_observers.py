@@ -27,7 +27,7 @@ import numpy as np
 from observers_core._dtypes import FLOAT32_EPS, QScheme, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import check_real, device_of, index_dtype, normalize_axis, size
-from observers_core._qparams import QParams
+from observers_core._qparams import UNINITIALIZED_WARNING, QParams
 from observers_core._validate import check_averaging_constant, check_bool, check_eps
 from observers_core.families import minmax as family
 
@@ -371,7 +371,7 @@ class UniformQuantizationObserverBase(StatefulObserver):
         Before any input: ``scale=[1.], zero_point=[0]`` with a warning, as torch."""
         if self._state is None:
             warnings.warn(
-                "must run observer before calling calculate_qparams. Returning default values.", UserWarning, stacklevel=2
+                UNINITIALIZED_WARNING, UserWarning, stacklevel=2
             )
             xp = self._xp
             return QParams(

@@ -24,6 +24,7 @@ from .. import (
 )
 from .._dtypes import parse_dtype
 from .._namespace import normalize_axis
+from .._qparams import UNINITIALIZED_WARNING
 from .._validate import check_averaging_constant, check_bool
 from ..families import minmax as minmax_family
 from ._array_observers import check_entry, check_minmax_entries, host_array
@@ -119,7 +120,6 @@ _NATIVE_INPUT_DTYPES = frozenset(
      torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64}
 )
 
-_UNINITIALIZED_WARNING = "must run observer before calling calculate_qparams. Returning default values."
 
 
 def to_core_dtype(dtype: Any, *, name: str = "dtype") -> str:
@@ -271,7 +271,7 @@ class UniformQuantizationObserverBase(SyncMixin, ObserverBase):
 
     @staticmethod
     def _default_qparams(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        warnings.warn(_UNINITIALIZED_WARNING, stacklevel=4)
+        warnings.warn(UNINITIALIZED_WARNING, stacklevel=4)
         device = like.device.type
         return torch.tensor([1.0], device=device), torch.tensor([0], device=device)
 

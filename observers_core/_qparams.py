@@ -7,9 +7,13 @@ from typing import Any, NamedTuple
 from ._dtypes import QScheme, QuantSpec
 from ._namespace import array_namespace, device_of, divide_by_constant, index_dtype
 
-__all__ = ["QParams", "calculate_qparams"]
+__all__ = ["QParams", "UNINITIALIZED_WARNING", "calculate_qparams"]
 
 Array = Any
+
+
+#: torch.ao's warning when qparams are asked of an observer that has seen nothing (every family's adapters).
+UNINITIALIZED_WARNING = "must run observer before calling calculate_qparams. Returning default values."
 
 
 class QParams(NamedTuple):
