@@ -5,7 +5,8 @@ channels, batch norm folded by ``fuse_modules``), random weights, batch 8 at 224
 batches. Each configuration runs the eager ``QConfig``/``prepare`` flow and feeds the batches; the time
 it adds is its calibration time (forward passes and the final ``calculate_qparams`` of every observer)
 minus the float model's forward time over the same batches, measured interleaved in one process
-(medians of ``--repeats``; ModelOpt's entropy calibration, minutes long, is timed once). Peak memory is the process's peak RSS growth during one run of each
+(the median over ``--repeats`` rounds of the difference to the float model's time in the same round;
+ModelOpt's entropy calibration, minutes long, is timed once and compared with the float model's median). Peak memory is the process's peak RSS growth during one run of each
 configuration (``ru_maxrss``; measured once, in order, so later configurations only show growth beyond
 earlier peaks: read it as an upper bound on extra memory).
 
@@ -282,8 +283,11 @@ def main() -> int:
             run(model, batches)
             times[name].append(time.perf_counter() - start)
     median = {name: statistics.median(t) for name, t in times.items()}
-    base = median["float model (baseline)"]
-    added = {name: median[name] - base for name in configs}
+    base = "float model (baseline)"
+    # added time: the median over rounds of (this configuration's time - the float model's time in the same
+    # round), so that the machine's drift between rounds cancels; a configuration timed once: minus the median
+    added = {name: statistics.median(t - b for t, b in zip(times[name], times[base])) if name not in ONCE
+             else median[name] - median[base] for name in configs}
 
     print(f"\n{'configuration':40s} {'total':>9s} {'added':>9s} {'peak RSS growth':>16s}")
     for name in configs:
