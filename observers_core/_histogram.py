@@ -199,11 +199,12 @@ def _bincount_weighted(idx: Array, weights: Array, length: int, xp: Any) -> Arra
         return xp.astype(sums, weights.dtype)
 
 
-def _explicit_replicated(a: Array, xp: Any) -> Any:
+def explicit_replicated(a: Array, xp: Any) -> Any:
     """JAX only: where ``a`` is sharded over Explicit mesh axes (``jax.sharding.AxisType.Explicit``,
     ``jax.make_mesh``'s default), the replicated sharding of its mesh, which a scatter (``bincount``,
-    ``.at[].add``) of ``a``'s values needs as ``out_sharding`` (JAX refuses to choose one); ``None``
-    otherwise (other namespaces, unsharded or Auto-sharded arrays, inside ``shard_map``)."""
+    ``.at[].add``) of ``a``'s values, or a reshape that JAX cannot shard itself (``(8@data, 16)`` to
+    ``(1, 128)``), needs as ``out_sharding`` (JAX refuses to choose one); ``None`` otherwise (other
+    namespaces, unsharded or Auto-sharded arrays, inside ``shard_map``)."""
     if not is_jax_namespace(xp):
         return None
     import jax  # only reached with JAX arrays
@@ -275,7 +276,7 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
     if bounded:
         pos = xp.where((xf >= lo) & (xf <= hi) | xp.isnan(xf), pos, out_bin)
     index = xp.astype(pos, index_dtype(xp))
-    replicated = _explicit_replicated(index, xp)
+    replicated = explicit_replicated(index, xp)
     if replicated is not None:  # the scatter cannot pick its output's sharding itself: say replicated
         return xp.bincount(index, length=bins + 3, out_sharding=replicated)
     return bincount(index, bins + 3, xp)

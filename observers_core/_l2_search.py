@@ -419,7 +419,10 @@ def _jax_errors(hist: Array, starts: Array, ends: Array, count: Array, bin_width
         seq = xp.concat([xp.where(at > 0, prev, new[:1]), new])
         return i + 1, jax.lax.dynamic_update_slice(errs, new, (at,)), xp.any(seq[1:] > seq[:-1])
 
-    start = (xp.asarray(0, dtype=count.dtype), xp.zeros((blocks * _JAX_BLOCK,), dtype=xp.float32), xp.asarray(False))
+    # zeros like the candidates: of their sharding type, as the blocks' errors are (on a mesh with Explicit
+    # axes, outside jax.set_mesh, plain zeros would carry no mesh and dynamic_update_slice refuses the mix)
+    start = (xp.asarray(0, dtype=count.dtype), xp.zeros_like(starts, dtype=xp.float32),
+             xp.zeros_like(count, dtype=xp.bool))
     i, errs, _ = jax.lax.while_loop(more, block, start)
     return errs[:n], xp.minimum(i * _JAX_BLOCK, count)
 

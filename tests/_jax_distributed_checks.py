@@ -16,6 +16,7 @@ which the test imports (this module imports JAX only in :func:`main`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -44,6 +45,7 @@ ALWAYS_SKIPS_NONFINITE = {"Percentile", "Mix"}
 MODES = ("shard_map", "pmap")
 EXTRA_CHECKS = (
     "collective_nan_wins/shard_map", "collective_nan_wins/pmap", "explicit_mesh/shard_map", "explicit_mesh/sharded_input",
+    "explicit_mesh/sharded_calibration",
     "wrong_axis_name/shard_map", "wrong_axis_name/pmap", "unbound_axis_name",
     "kl_accumulate/shard_map", "kl_accumulate/pmap",
 )
@@ -187,7 +189,8 @@ def main() -> dict[str, list]:
         """HistogramObserver.update and __call__ (no shard_map: the jitted update sees the global array)
         on batches sharded over a mesh with Explicit axes, outside and inside ``jax.set_mesh``: the state
         equals the one-device state bit for bit (the binning's ``bincount`` is a scatter of sharded
-        indices, which needs an ``out_sharding`` there); under ``set_mesh`` the qparams too."""
+        indices, which needs an ``out_sharding`` there), and so do the qparams (outside ``set_mesh`` the
+        L2 search's ``dynamic_update_slice`` got zeros without the state's mesh)."""
         mesh = jax.make_mesh((DEVICES,), (AXIS,), axis_types=(jax.sharding.AxisType.Explicit,))
         for under_mesh in (False, True):
             obs = jobs.HistogramObserver(bins=64, ignore_nonfinite=True)
@@ -200,8 +203,58 @@ def main() -> dict[str, list]:
                     ref_state = obs.update(ref_state, jnp.asarray(x))
                     if not (same_tree(state, ref_state) and same_tree(obs.state, ref_state)):
                         return f"set_mesh={under_mesh}, step {i}: {jax.tree.map(np.asarray, state)} != {ref_state}"
-                if under_mesh and not same_tree(obs.calculate_qparams(), obs.qparams(ref_state)):
-                    return f"qparams {obs.calculate_qparams()} != single device {obs.qparams(ref_state)}"
+                if not same_tree(obs.calculate_qparams(), obs.qparams(ref_state)):
+                    got, want = obs.calculate_qparams(), obs.qparams(ref_state)
+                    return f"set_mesh={under_mesh}: qparams {got} != single device {want}"
+        return None
+
+    def explicit_sharded_calibration() -> str | None:
+        """The calibration observers on batches sharded over a mesh with Explicit axes (no shard_map),
+        outside and inside ``jax.set_mesh``, per tensor and per channel (``ch_axis=1``; ``ch_axis=0``, the
+        sharded axis): Percentile, MSE and Mix ``update`` and ``__call__`` (Mix: ``last_choice`` too), KL
+        ``accumulate``, ``kl_step`` and ``__call__``, equal one device's state bit for bit after every
+        step, and so do ``calculate_qparams`` (the rows of ``x``, ``reshape(x, (1, -1))`` or
+        ``moveaxis`` + ``reshape``, need an ``out_sharding`` there; the core replicates them, and a sharded
+        channel axis's range, so no sum, Mix's float error sums included, is split across the devices)."""
+        mesh = jax.make_mesh((DEVICES,), (AXIS,), axis_types=(jax.sharding.AxisType.Explicit,))
+        kwargs = {"Percentile": {"percentile": 99.0}, "MSE": {}, "Mix": {}, "KL": {}}
+
+        def run(obs, xs, channels):
+            """Every step's (pure state, stateful state, last_choice, KL accumulator), then the qparams."""
+            steps, state, acc = [], None, None
+            kl = isinstance(obs, jobs.KLObserver)
+            if kl:
+                acc = obs.init_accumulator(channels)
+            else:
+                state = obs.init_state(channels)
+            for x in xs:
+                if kl:
+                    acc = obs.accumulate(acc, x)
+                    state = obs.kl_step(state, acc)
+                else:
+                    state = obs.update(state, x)
+                obs(x)
+                steps.append((state, obs.state, obs.last_choice, acc))
+            return steps, obs.calculate_qparams()
+
+        for name, extra in kwargs.items():
+            for ch_axis in (-1, 1, 0):
+                channels = None if ch_axis < 0 else batches("uneven")[0].shape[ch_axis]
+                scheme = {} if ch_axis < 0 else {"qscheme": "per_channel_symmetric"}
+                make = functools.partial(getattr(jobs, f"{name}Observer"), bins=128, averaging_constant=0.3,
+                                         ch_axis=ch_axis, **scheme, **extra)
+                ref_steps, ref_qparams = run(make(), [jnp.asarray(x) for x in batches("uneven")], channels)
+                for under_mesh in (False, True):
+                    where = f"{name}, ch_axis={ch_axis}, set_mesh={under_mesh}"
+                    with jax.set_mesh(mesh) if under_mesh else contextlib.nullcontext():
+                        xs = [jax.device_put(jnp.asarray(x), NamedSharding(mesh, P(AXIS))) for x in batches("uneven")]
+                        steps, qparams = run(make(), xs, channels)
+                    for i, (got, want) in enumerate(zip(steps, ref_steps)):
+                        if not same_tree(got, want):
+                            got, want = jax.tree.map(np.asarray, (got, want))
+                            return f"{where}, step {i}: (state, obs.state, last_choice, accumulator) {got} != {want}"
+                    if not same_tree(qparams, ref_qparams):
+                        return f"{where}: qparams {qparams} != single device {ref_qparams}"
         return None
 
     def wrong_axis(mode: str) -> str | None:
@@ -240,6 +293,7 @@ def main() -> dict[str, list]:
         record(f"wrong_axis_name/{mode}", lambda mode=mode: wrong_axis(mode))
     record("explicit_mesh/shard_map", explicit_mesh)
     record("explicit_mesh/sharded_input", explicit_sharded_input)
+    record("explicit_mesh/sharded_calibration", explicit_sharded_calibration)
     record("unbound_axis_name", unbound)
     return results
 

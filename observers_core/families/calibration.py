@@ -44,6 +44,7 @@ from .._compiled import (
     abs_max_kernel, fq_block_sums_kernel, host_view, pairwise_blocks, pairwise_combine, split_ranges, threads,
 )
 from .._dtypes import QuantSpec, quant_spec
+from .._histogram import explicit_replicated
 from .._minmax import (
     MinMaxState, minmax_init, minmax_merge, minmax_qparams, minmax_update, moving_average_merge, moving_average_update,
 )
@@ -195,9 +196,13 @@ def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any)
 
 def observed_range(x: Array, *, axis: int | None, xp: Any, collective: Any = None) -> tuple[Array, Array]:
     """The finite range of ``x`` as float32 (``(+inf, -inf)`` where nothing finite was seen; with a
-    collective, of every member's ``x``)."""
+    collective, of every member's ``x``). JAX, channels sharded over Explicit mesh axes: replicated."""
     state = minmax_init(num_channels=None if axis is None else x.shape[axis], device=device_of(x), xp=xp)
-    return minmax_update(state, x, axis=axis, ignore_nonfinite=True, xp=xp, collective=collective)
+    lo, hi = minmax_update(state, x, axis=axis, ignore_nonfinite=True, xp=xp, collective=collective)
+    replicated = explicit_replicated(lo, xp)  # JAX, channels sharded over Explicit mesh axes: replicated,
+    if replicated is not None:  # as the histogram rows (the searches gather by channel)
+        lo, hi = (xp.reshape(a, tuple(a.shape), out_sharding=replicated) for a in (lo, hi))
+    return lo, hi
 
 
 def clip_range(lo: Array, hi: Array, amax: Array, xp: Any) -> tuple[Array, Array]:
@@ -235,7 +240,10 @@ def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: 
     (:func:`~observers_core._compiled.fq_block_sums_kernel`), blocks shared by threads; the results equal
     the NumPy array code's bit for bit. With a collective the norm, sums and counts are every member's
     (the float64 sums then add in another order than one process's: the errors may differ in the last bits)."""
-    rows = xp.reshape(x, (1, -1)) if axis is None else xp.reshape(xp.moveaxis(x, axis, 0), (x.shape[axis], -1))
+    replicated = explicit_replicated(x, xp)  # JAX, x sharded over Explicit mesh axes: the rows replicated
+    out = {} if replicated is None else {"out_sharding": replicated}
+    rows = (xp.reshape(x, (1, -1), **out) if axis is None
+            else xp.reshape(xp.moveaxis(x, axis, 0), (x.shape[axis], -1), **out))
     lo2, hi2 = xp.reshape(lo, (rows.shape[0], -1)), xp.reshape(hi, (rows.shape[0], -1))
     scale, zero_point = calculate_qparams(lo2, hi2, spec, xp=xp)
     host = host_view(rows, xp) if size(rows) > 0 else None
