@@ -59,6 +59,7 @@ from observers_core._qparams import QParams
 from observers_core.families.calibration import (
     KLAccumulator,
     batch_update,
+    check_accumulator_channels,
     describe,
     kl_accumulate,
     kl_init,
@@ -281,11 +282,7 @@ class KLObserver(_CalibrationObserver):
         """``acc`` (a new one for ``None``) after checking that ``x`` has its channel count."""
         channels = x.shape[axis] if self._PER_CHANNEL else None
         acc = acc if acc is not None else self._backend.empty(self._make_accumulator(channels), self._device, x)
-        if self._PER_CHANNEL and tuple(acc.seen.min_val.shape) != (channels,):
-            raise ValueError(
-                f"x has {channels} channels along ch_axis={self.ch_axis} but the KL histogram holds "
-                f"{acc.seen.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
-            )
+        check_accumulator_channels(acc, channels, self.ch_axis)
         return acc
 
     def _observe(self, state: MinMaxState, x: Array, axis: int | None) -> None:

@@ -347,11 +347,7 @@ class KLObserver(_CalibrationObserver):
         acc = self.accumulator
         if acc is None:
             acc = family.kl_init(channels, bins=self.config.bins, device=x.device, xp=_xpt)
-        elif axis is not None and tuple(acc.seen.min_val.shape) != (channels,):
-            raise ValueError(
-                f"x has {channels} channels along ch_axis={self.ch_axis} but the KL histogram holds "
-                f"{acc.seen.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
-            )
+        family.check_accumulator_channels(acc, channels, self.ch_axis)
         update = (self.num_steps + 1) % self.config.update_interval == 0
         acc, new = _run(_kl_step, state, acc, x, axis=axis, config=self.config, update=update,
                         collective=self._collective())

@@ -430,6 +430,33 @@ def test_kl_runs_every_update_interval_and_warns_before(backend):
         obs.calculate_qparams()
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("cls_name, extra", [(c, {}) for c in CLASSES] + [("KLObserver", {"update_interval": 3})])
+def test_another_channel_count_is_refused_and_changes_nothing(backend, cls_name, extra):
+    """Per channel, a batch with another channel count raises ValueError naming both counts (KL before its
+    first update: the accumulated histogram's), and the state (KL: the accumulator too) is untouched;
+    after reset_min_max_vals() the new count is accepted."""
+    be = make_backend(backend)
+    obs = make(be, cls_name, ch_axis=1, qscheme="per_channel_symmetric", bins=256, **extra)
+    rng = np.random.default_rng(9)
+    observe(obs, [rng.standard_normal((8, 4)).astype(np.float32)], be.asarray)
+    before = [to_numpy(v).copy() for v in stats(obs)]
+    acc = None if cls_name != "KLObserver" else to_numpy(obs.accumulator.hist.counts).copy()
+    held = "the KL histogram holds 4" if extra else r"the .*holds \(?4"
+    with pytest.raises(ValueError, match=r"5 channels along ch_axis=1 but " + held):
+        observe(obs, [rng.standard_normal((8, 5)).astype(np.float32)], be.asarray)
+    for was, now in zip(before, stats(obs)):
+        np.testing.assert_array_equal(was, to_numpy(now))
+    if acc is not None:
+        np.testing.assert_array_equal(acc, to_numpy(obs.accumulator.hist.counts))
+    obs.reset_min_max_vals()
+    observe(obs, [rng.standard_normal((8, 5)).astype(np.float32)], be.asarray)
+    if extra:  # no KL update yet: the accumulator holds the new channels
+        assert to_numpy(obs.accumulator.hist.counts).shape[0] == 5
+    else:
+        assert to_numpy(stats(obs)[0]).shape == (5,)
+
+
 # -------------------------------------------------------------------------- special values, dtypes
 
 BACKENDS = ["numpy", "torch", "cupy"]

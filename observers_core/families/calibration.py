@@ -55,7 +55,7 @@ from .._validate import INF, check_averaging_constant, check_bool, check_int
 
 __all__ = [
     "MIX_CANDIDATES", "STATE_KEYS", "CalibConfig", "Config", "State", "init", "merge", "qparams", "update", "KLAccumulator", "abs_histogram", "average_range",
-    "batch_update", "candidate_errors", "clip_range", "describe", "kl_accumulate", "kl_init", "kl_merge",
+    "batch_update", "candidate_errors", "check_accumulator_channels", "clip_range", "describe", "kl_accumulate", "kl_init", "kl_merge",
     "kl_pending_message", "kl_update", "make_config", "mix_range", "observed_range", "positive_levels",
     "search_amax",
 ]  # fmt: skip
@@ -336,6 +336,15 @@ def kl_init(num_channels: int | None, *, bins: int, device: Any, xp: Any) -> KLA
         calib_histogram_init(bins=bins, num_channels=num_channels, device=device, xp=xp),
         minmax_init(num_channels=num_channels, device=device, xp=xp),
     )
+
+
+def check_accumulator_channels(acc: KLAccumulator, channels: int | None, ch_axis: int) -> None:
+    """``ValueError`` unless the accumulator holds ``channels`` channels (``None``: per tensor, no check)."""
+    if channels is not None and tuple(acc.seen.min_val.shape) != (channels,):
+        raise ValueError(
+            f"x has {channels} channels along ch_axis={ch_axis} but the KL histogram holds "
+            f"{acc.seen.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
+        )
 
 
 def kl_accumulate(acc: KLAccumulator, x: Array, /, *, axis: int | None, xp: Any, collective: Any = None
