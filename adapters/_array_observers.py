@@ -47,6 +47,7 @@ __all__ = [
 
 Array = Any
 
+
 def read_only(path: str, doc: str | None = None) -> property:
     """A read-only property returning the attribute at ``path`` (dotted: ``"_spec.quant_min"``)."""
     return property(operator.attrgetter(path), doc=doc)
@@ -370,9 +371,7 @@ class UniformQuantizationObserverBase(StatefulObserver):
 
         Before any input: ``scale=[1.], zero_point=[0]`` with a warning, as torch."""
         if self._state is None:
-            warnings.warn(
-                UNINITIALIZED_WARNING, UserWarning, stacklevel=2
-            )
+            warnings.warn(UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
             xp = self._xp
             return QParams(
                 xp.asarray([1.0], dtype=xp.float32, device=self._device),

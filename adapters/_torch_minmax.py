@@ -121,7 +121,6 @@ _NATIVE_INPUT_DTYPES = frozenset(
 )
 
 
-
 def to_core_dtype(dtype: Any, *, name: str = "dtype") -> str:
     """The core's name of a quantized dtype: ``torch.qint8`` -> ``"qint8"``; names pass through."""
     if isinstance(dtype, torch.dtype):
@@ -140,7 +139,6 @@ def to_core_qscheme(qscheme: Any, *, name: str = "qscheme") -> QScheme:
     if isinstance(qscheme, torch.qscheme):
         return _QSCHEMES[qscheme]
     return QScheme.parse(qscheme, name=name)
-
 
 
 def checked_input(x_orig: Any, buffer: torch.Tensor) -> torch.Tensor:
@@ -321,8 +319,6 @@ class UniformQuantizationObserverBase(SyncMixin, ObserverBase):
 
 # torch's former name, kept there for backwards compatibility
 _ObserverBase = UniformQuantizationObserverBase
-
-
 
 
 def _check_qscheme(qscheme, owner: str, *, per_channel: bool) -> None:

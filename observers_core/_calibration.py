@@ -33,11 +33,11 @@ from ._compiled import (
     split_sum, threads,
 )
 from ._dtypes import QScheme, QuantSpec
-from ._histogram import explicit_replicated
 from ._minmax import host_finite_range
 from ._validate import INF, check_bool, check_float, check_int
 from ._namespace import (
     namespace_of,
+    channel_rows,
     array_namespace,
     bincount,
     check_real,
@@ -1260,13 +1260,9 @@ def _histogram_update(state, x, axis, absolute, xp, collective, seen, fresh) -> 
     """:func:`calib_histogram_update` after its checks; ``seen``, ``fresh``: as in :func:`abs_histogram_update`."""
     rows = _rows(state, xp)
     channels, bins = rows.counts.shape
-    # JAX, x sharded over Explicit mesh axes: JAX cannot shard the rows itself, they are replicated
-    replicated = explicit_replicated(x, xp)
-    out = {} if replicated is None else {"out_sharding": replicated}
     if axis is None:
         if state.lo.ndim != 0:
             raise ValueError(f"a per-channel state of shape {tuple(state.lo.shape)} needs axis=<channel axis>")
-        values = xp.reshape(x, (1, -1), **out)
     else:
         axis = normalize_axis(axis, x.ndim)
         if tuple(state.lo.shape) != (x.shape[axis],):
@@ -1274,8 +1270,7 @@ def _histogram_update(state, x, axis, absolute, xp, collective, seen, fresh) -> 
                 f"x has {x.shape[axis]} channels along axis {axis} but the state holds "
                 f"{tuple(state.lo.shape)}; build the state with num_channels={x.shape[axis]}"
             )
-        values = xp.reshape(xp.moveaxis(x, axis, 0), (channels, -1), **out)
-    values = xp.astype(values, rows.lo.dtype, copy=False)
+    values = xp.astype(channel_rows(x, axis, xp), rows.lo.dtype, copy=False)
     # host memory with the compiled kernels: one pass each for range and counts
     host = host_view(values, xp) if size(x) > 0 else None
     if host is None and size(x) > 0:  # the array code counts |x| of the finite values

@@ -199,22 +199,6 @@ def _bincount_weighted(idx: Array, weights: Array, length: int, xp: Any) -> Arra
         return xp.astype(sums, weights.dtype)
 
 
-def explicit_replicated(a: Array, xp: Any) -> Any:
-    """JAX only: where ``a`` is sharded over Explicit mesh axes (``jax.sharding.AxisType.Explicit``,
-    ``jax.make_mesh``'s default), the replicated sharding of its mesh, which a scatter (``bincount``,
-    ``.at[].add``) of ``a``'s values, or a reshape that JAX cannot shard itself (``(8@data, 16)`` to
-    ``(1, 128)``), needs as ``out_sharding`` (JAX refuses to choose one); ``None`` otherwise (other
-    namespaces, unsharded or Auto-sharded arrays, inside ``shard_map``)."""
-    if not is_jax_namespace(xp):
-        return None
-    import jax  # only reached with JAX arrays
-
-    sharding = getattr(jax.typeof(a), "sharding", None)
-    if sharding is None or all(axes is None for axes in getattr(sharding, "spec", ())):
-        return None
-    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
-
-
 # ----------------------------------------------------------------------------------------------
 # torch.histc
 
@@ -275,11 +259,7 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
     pos = xp.where(xp.isnan(pos), nan_bin, xp.where(xp.isfinite(pos), xp.clip(pos, 0.0, out_bin), out_bin))
     if bounded:
         pos = xp.where((xf >= lo) & (xf <= hi) | xp.isnan(xf), pos, out_bin)
-    index = xp.astype(pos, index_dtype(xp))
-    replicated = explicit_replicated(index, xp)
-    if replicated is not None:  # the scatter cannot pick its output's sharding itself: say replicated
-        return xp.bincount(index, length=bins + 3, out_sharding=replicated)
-    return bincount(index, bins + 3, xp)
+    return bincount(xp.astype(pos, index_dtype(xp)), bins + 3, xp)
 
 
 def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[Array, Array],

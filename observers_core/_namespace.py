@@ -20,7 +20,9 @@ __all__ = [
     "array_namespace",
     "namespace_of",
     "bincount",
+    "channel_rows",
     "device_of",
+    "explicit_replicated",
     "size",
     "index_dtype",
     "normalize_axis",
@@ -155,7 +157,9 @@ def bincount(index: Array, length: int, xp: Any) -> Array:
 
         return torch.bincount(index, minlength=length)[:length]
     if is_jax_namespace(xp):
-        return xp.bincount(index, length=length)
+        replicated = explicit_replicated(index, xp)  # a scatter of Explicit-sharded indices must be told
+        out = {} if replicated is None else {"out_sharding": replicated}  # its output's sharding
+        return xp.bincount(index, length=length, **out)
     if is_cupy_namespace(xp):
         import cupy  # only reached with cupy arrays
 
@@ -163,6 +167,33 @@ def bincount(index: Array, length: int, xp: Any) -> Array:
     ordered = xp.sort(index)
     bounds = xp.searchsorted(ordered, xp.arange(length + 1, dtype=index.dtype, device=device_of(index)))
     return bounds[1:] - bounds[:-1]
+
+
+def explicit_replicated(a: Array, xp: Any) -> Any:
+    """JAX only: where ``a`` is sharded over Explicit mesh axes (``jax.sharding.AxisType.Explicit``,
+    ``jax.make_mesh``'s default), the replicated sharding of its mesh, which a scatter (``bincount``,
+    ``.at[].add``) of ``a``'s values, or a reshape that JAX cannot shard itself (``(8@data, 16)`` to
+    ``(1, 128)``), needs as ``out_sharding`` (JAX refuses to choose one); ``None`` otherwise (other
+    namespaces, unsharded or Auto-sharded arrays, inside ``shard_map``)."""
+    if not is_jax_namespace(xp):
+        return None
+    import jax  # only reached with JAX arrays
+
+    sharding = getattr(jax.typeof(a), "sharding", None)
+    if sharding is None or all(axes is None for axes in getattr(sharding, "spec", ())):
+        return None
+    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+
+
+def channel_rows(x: Array, axis: int | None, xp: Any) -> Array:
+    """``x`` as rows ``(C, N)``: one row per tensor (``axis=None``), else one per channel along ``axis``
+    (a normalized axis). JAX, ``x`` sharded over Explicit mesh axes: the rows replicated (JAX cannot shard
+    the reshape itself, see :func:`explicit_replicated`)."""
+    replicated = explicit_replicated(x, xp)
+    out = {} if replicated is None else {"out_sharding": replicated}
+    if axis is None:
+        return xp.reshape(x, (1, -1), **out)
+    return xp.reshape(xp.moveaxis(x, axis, 0), (x.shape[axis], -1), **out)
 
 
 def is_traced(*arrays: Array) -> bool:

@@ -44,11 +44,10 @@ from .._compiled import (
     abs_max_kernel, fq_block_sums_kernel, host_view, pairwise_blocks, pairwise_combine, split_ranges, threads,
 )
 from .._dtypes import QuantSpec, quant_spec
-from .._histogram import explicit_replicated
 from .._minmax import (
     MinMaxState, minmax_init, minmax_merge, minmax_qparams, minmax_update, moving_average_merge, moving_average_update,
 )
-from .._namespace import array_namespace, device_of, size
+from .._namespace import array_namespace, channel_rows, device_of, explicit_replicated, size
 from .._qparams import calculate_qparams
 from .._quantize import fake_quantize
 from .._validate import INF, check_averaging_constant, check_bool, check_int
@@ -240,10 +239,7 @@ def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: 
     (:func:`~observers_core._compiled.fq_block_sums_kernel`), blocks shared by threads; the results equal
     the NumPy array code's bit for bit. With a collective the norm, sums and counts are every member's
     (the float64 sums then add in another order than one process's: the errors may differ in the last bits)."""
-    replicated = explicit_replicated(x, xp)  # JAX, x sharded over Explicit mesh axes: the rows replicated
-    out = {} if replicated is None else {"out_sharding": replicated}
-    rows = (xp.reshape(x, (1, -1), **out) if axis is None
-            else xp.reshape(xp.moveaxis(x, axis, 0), (x.shape[axis], -1), **out))
+    rows = channel_rows(x, axis, xp)
     lo2, hi2 = xp.reshape(lo, (rows.shape[0], -1)), xp.reshape(hi, (rows.shape[0], -1))
     scale, zero_point = calculate_qparams(lo2, hi2, spec, xp=xp)
     host = host_view(rows, xp) if size(rows) > 0 else None

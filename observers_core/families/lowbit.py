@@ -34,8 +34,7 @@ from .._collective import check_collective, reduce_range
 from .._minmax import MinMaxState, minmax_init, minmax_merge
 from .._mx import BlockScale, check_block_size
 from .._namespace import array_namespace, normalize_axis, size
-from .._qparams import UNINITIALIZED_WARNING
-from .._qparams import QParams
+from .._qparams import UNINITIALIZED_WARNING, QParams
 from .._validate import INF, check_bool
 
 __all__ = [
