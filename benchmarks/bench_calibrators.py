@@ -86,19 +86,18 @@ def bench_backend(backend: str) -> dict:
     def same(ours, theirs) -> bool:
         return bool(np.array_equal(np.float32(np.asarray(ours)), np.float32(np.asarray(theirs, dtype=np.float64))))
 
-    baselines = []  # (label, bare NumPy seconds, our seconds)
+    baselines = []  # (label, baseline, its seconds, our seconds)
 
-    def measure(label, theirs, ours, *, number=1, repeats=5, estimate=None, check=True, bare=None):
+    def measure(label, theirs, ours, *, number=1, repeats=5, estimate=None, check=True, bare=()):
+        """One row; ``bare``: ``(description, function)`` baselines timed with it."""
         block(ours())  # warm-up, JAX: compile
         cands = {"ours": lambda: block(ours())} if estimate else {"theirs": theirs, "ours": lambda: block(ours())}
-        if bare is not None:
-            cands["bare"] = bare[1]
+        cands.update({what: fn for what, fn in bare})
         t = time_interleaved(cands, number=number, repeats=repeats, warmup=0 if estimate else 1)
         t_theirs = estimate if estimate else t["theirs"].median
         equal = same(ours(), theirs()) if check else None
         rows.append((label, t_theirs, t["ours"].median, bool(estimate), equal))
-        if bare is not None:
-            baselines.append((label, bare[0], t["bare"].median, t["ours"].median))
+        baselines.extend((label, what, t[what].median, t["ours"].median) for what, _ in bare)
         return t_theirs
 
     def read_counts():  # the least any percentile of every row costs: each row's total needs all its counts
@@ -114,20 +113,19 @@ def bench_backend(backend: str) -> dict:
                        lambda: kl(H, E), repeats=1)
     t_mse = measure("MSE, 1 x 2048", lambda: mo._compute_amax_mse(h.copy(), e, 8, False, 1, 128),
                     lambda: mse(H, E), repeats=5, check=False)
-    measure("percentile, 1 x 2048", lambda: float(mo._compute_amax_percentile(h, e, 99.99)),
-            lambda: pct(H, E), number=50, repeats=9, bare=("bare NumPy cumsum + searchsorted", bare_percentile))
+    bare = [("bare NumPy cumsum + searchsorted", bare_percentile)]
     if backend.startswith("jax"):  # JAX's own floor: XLA's cumulative sum on the CPU is slower than NumPy's
         bare_jax = jax.jit(lambda a, b: b[xp.searchsorted(xp.cumsum(a), 0.9999 * xp.sum(a))])
-        measure("percentile, 1 x 2048 (jax)", lambda: float(mo._compute_amax_percentile(h, e, 99.99)),
-                lambda: pct(H, E), number=50, repeats=9,
-                bare=("bare jnp cumsum + searchsorted under jit", lambda: block(bare_jax(H, E))))
+        bare.append(("bare jnp cumsum + searchsorted under jit", lambda: block(bare_jax(H, E))))
+    measure("percentile, 1 x 2048", lambda: float(mo._compute_amax_percentile(h, e, 99.99)),
+            lambda: pct(H, E), number=50, repeats=9, bare=bare)
     if backend != "jax":  # the same bin (JAX in float32 rounds the target keep * N: it may pick the bin below)
         assert np.float32(bare_percentile()) == np.float32(np.asarray(pct(H, E)))
     measure(f"KL, {CHANNELS} x 2048", None, lambda: kl(HC, EC), repeats=2, estimate=CHANNELS * t_kl, check=False)
     measure(f"MSE, {CHANNELS} x 2048", None, lambda: mse(HC, EC), repeats=2, estimate=CHANNELS * t_mse, check=False)
     measure(f"percentile, {CHANNELS} x 2048",
             lambda: [float(mo._compute_amax_percentile(hc[c], ec[c], 99.99)) for c in range(CHANNELS)],
-            lambda: pct(HC, EC), repeats=5, bare=("reading the counts once (NumPy sum of each row)", read_counts))
+            lambda: pct(HC, EC), repeats=5, bare=[("reading the counts once (NumPy sum of each row)", read_counts)])
     dtype = "float64" if backend != "jax" else "float32 (JAX without x64)"
     return {"backend": backend, "arithmetic": dtype, "rows": rows, "baselines": baselines}
 
