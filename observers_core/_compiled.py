@@ -113,14 +113,18 @@ def host_scalar(x: Array) -> np.generic:
 
 
 def threads(n: int, *, grain: int = 1 << 16) -> int:
-    """How many threads :func:`split_sum` may use on ``n`` elements: the CPUs this process may use,
-    capped by ``torch.get_num_threads()`` when torch is loaded (``torch.set_num_threads`` is the one knob
-    of a process that uses torch, whether the data comes as tensors or arrays); at most one per ``grain``
-    elements."""
+    """How many threads :func:`split_sum` may use on ``n`` elements: the calling thread plus the CPUs of
+    this process that torch's intra-op threads leave free (all of them when torch is not loaded, none at
+    torch's default of one thread per core); at most one per ``grain`` elements.
+
+    Between a model's layers torch's OpenMP threads hold the other cores (they spin after each parallel
+    op): on the 2-core benchmark machine, pool threads there made a whole calibration run slower than the
+    calling thread alone (benchmarks/RESULTS.md). ``torch.set_num_threads(k)`` leaves ``cpus - k`` of them
+    to these kernels."""
     workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "get_num_threads"):
-        workers = min(workers, torch.get_num_threads())
+        workers = workers - torch.get_num_threads() + 1
     return max(1, min(workers, n // grain))
 
 
@@ -133,27 +137,37 @@ def split_sum(fn: Callable, x: np.ndarray, workers: int, *args: Any, chunk: int 
     ``workers`` threads (the kernels release the GIL): the calling thread and ``workers - 1`` pool threads
     take ``chunk``-element slices in turn until none is left, and the partial results are summed.
 
-    Slices are claimed, not assigned: a pool thread that gets no CPU (torch's OpenMP threads spin for
-    milliseconds after each parallel op) leaves its share to the others instead of holding up the
-    result, so the worst case is the one-thread time. Plain Python threads: they sleep between calls."""
+    The calling thread never waits for a pool thread. Slices are claimed, not assigned, so a pool thread
+    that gets no CPU (torch's OpenMP threads spin for a while after each parallel op) leaves the unclaimed
+    ones to the others; a slice a pool thread claimed and has not finished when the calling thread runs
+    out of work is counted again by the calling thread (every slice's count is the same whoever makes it,
+    and the late one is dropped). The worst case is the one-thread time plus one slice per pool thread."""
     if workers <= 1 or x.shape[0] <= chunk:
         return fn(x, *args)
-    starts = iter(range(0, x.shape[0], chunk))  # next() on it is atomic under the GIL
+    starts = range(0, x.shape[0], chunk)
+    parts: list = [None] * len(starts)
+    claims = iter(range(len(starts)))  # next() on it is atomic under the GIL
 
-    def work() -> np.ndarray | None:
-        total = None
-        for start in starts:
-            part = fn(x[start:start + chunk], *args)
-            total = part if total is None else total + part
-        return total
+    def work() -> None:
+        for k in claims:
+            parts[k] = fn(x[starts[k]:starts[k] + chunk], *args)
 
-    return sum(part for part in _claimed(work, workers) if part is not None)
+    helpers = [_executor(workers).submit(work) for _ in range(workers - 1)]
+    work()
+    for helper in helpers:
+        helper.cancel()  # one that never started
+    for k, part in enumerate(parts):  # claimed by a pool thread that is still at it (or descheduled)
+        if part is None:
+            parts[k] = fn(x[starts[k]:starts[k] + chunk], *args)
+    return sum(parts)
 
 
 def split_ranges(fn: Callable, count: int, workers: int, *args: Any, chunk: int) -> None:
     """``fn(start, stop, *args)`` over ``[0, count)`` in ``chunk``-long ranges, claimed by up to ``workers``
     threads as in :func:`split_sum`, for a kernel that writes each range's results into its own part of
-    an output: the result does not depend on the threads."""
+    an output: the result does not depend on the threads. Unlike :func:`split_sum`, the calling thread
+    waits for a range a pool thread has started (a late write into the caller's output could land after
+    the caller has moved on)."""
     if workers <= 1 or count <= chunk:
         fn(0, count, *args)
         return
@@ -166,13 +180,18 @@ def split_ranges(fn: Callable, count: int, workers: int, *args: Any, chunk: int)
     _claimed(work, workers)
 
 
-def _claimed(work: Callable[[], Any], workers: int) -> list:
-    """``work()`` on the calling thread and ``workers - 1`` pool threads; the results of those that ran."""
+def _executor(workers: int) -> ThreadPoolExecutor:
+    """The shared pool, with at least ``workers - 1`` threads."""
     global _pool
     with _pool_lock:
         if _pool is None or _pool._max_workers < workers - 1:
             _pool = ThreadPoolExecutor(max_workers=workers - 1, thread_name_prefix="observers_core")
-    helpers = [_pool.submit(work) for _ in range(workers - 1)]
+        return _pool
+
+
+def _claimed(work: Callable[[], Any], workers: int) -> list:
+    """``work()`` on the calling thread and ``workers - 1`` pool threads; the results of those that ran."""
+    helpers = [_executor(workers).submit(work) for _ in range(workers - 1)]
     return [work()] + [helper.result() for helper in helpers if not helper.cancel()]  # cancelled: never started
 
 

@@ -119,15 +119,42 @@ def test_split_sum_does_not_wait_for_a_thread_that_never_runs(monkeypatch):
         busy.shutdown()
 
 
-def test_threads_follow_torch_and_the_grain():
-    """torch.set_num_threads caps the kernels' threads (torch is loaded here); small inputs get one."""
-    saved = torch.get_num_threads()
+def test_split_sum_does_not_wait_for_a_thread_stuck_in_a_slice():
+    """A helper thread descheduled in the middle of a slice (here: blocked until released) does not hold
+    up the result: the caller counts that slice again itself, and the late count is dropped."""
+    import threading
+
+    x = np.random.default_rng(2).standard_normal(300_000).astype(F32)
+    args = (F32(-4), F32(4), F32(-4), F32(1), F32(64), F32(8), 64, True)
+    caller, release, stuck, unstuck = threading.get_ident(), threading.Event(), threading.Event(), threading.Event()
+
+    def kernel(part, *a):
+        if threading.get_ident() != caller and not stuck.is_set():
+            stuck.set()  # the first slice a pool thread claims never finishes before the caller returns
+            release.wait(5)
+            unstuck.set()
+        elif threading.get_ident() == caller:
+            stuck.wait(10)  # the caller goes on once a pool thread holds a slice
+        return _compiled.counts_kernel(part, *a)
+
     try:
-        torch.set_num_threads(1)
+        split = _compiled.split_sum(kernel, x, 2, *args, chunk=4096)
+        assert stuck.is_set() and not unstuck.is_set()  # returned while the pool thread still held its slice
+        np.testing.assert_array_equal(split, _compiled.counts_kernel(x, *args))
+    finally:
+        release.set()
+
+
+def test_threads_leave_torchs_threads_their_cores_and_follow_the_grain():
+    """With torch loaded the kernels take the calling thread plus the CPUs torch's intra-op threads leave
+    free (torch.set_num_threads); small inputs get one."""
+    saved = torch.get_num_threads()
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        torch.set_num_threads(cpus)
         assert _compiled.threads(1 << 24) == 1
-        torch.set_num_threads(64)
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        assert _compiled.threads(1 << 24) == min(cpus, 64)
+        torch.set_num_threads(1)
+        assert _compiled.threads(1 << 24) == min(cpus, (1 << 24) >> 16)
         assert _compiled.threads((1 << 16) - 1) == 1
     finally:
         torch.set_num_threads(saved)
