@@ -28,7 +28,7 @@ from observers_core._dtypes import FLOAT32_EPS, QScheme, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import check_real, device_of, index_dtype, normalize_axis, size
 from observers_core._qparams import UNINITIALIZED_WARNING, QParams
-from observers_core._validate import check_averaging_constant, check_bool, check_eps
+from observers_core._validate import check_averaging_constant, check_bool, check_channel_count, check_eps
 from observers_core.families import minmax as family
 
 from ._backend import EXTENSION_FLOATS, Backend
@@ -306,11 +306,8 @@ class UniformQuantizationObserverBase(StatefulObserver):
         return normalize_axis(self.ch_axis, x.ndim, name="ch_axis")
 
     def _check_fits(self, state: MinMaxState, x: Array, axis: int | None) -> None:
-        if axis is not None and state.min_val.shape != (x.shape[axis],):
-            raise ValueError(
-                f"x has {x.shape[axis]} channels along ch_axis={self.ch_axis} but the state holds "
-                f"{state.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
-            )
+        if axis is not None:
+            check_channel_count(x.shape[axis], tuple(state.min_val.shape), self.ch_axis)
         self._backend.check_device(x, state.min_val)
 
     def _family_config(self, axis: int | None) -> family.Config:

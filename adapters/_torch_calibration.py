@@ -44,7 +44,7 @@ from observers_core import CalibHistogram
 from observers_core._compiled import numpy_views
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import normalize_axis
-from observers_core._validate import check_bool
+from observers_core._validate import check_bool, check_channel_count
 
 from observers_core.families import calibration as family
 
@@ -152,11 +152,7 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
         channels = x.shape[axis]
         if min_val.numel() == 0:
             return minmax_init(num_channels=channels, dtype=min_val.dtype, device=min_val.device, xp=_xpt)
-        if tuple(min_val.shape) != (channels,):
-            raise ValueError(
-                f"x has {channels} channels along ch_axis={self.ch_axis} but the observer holds "
-                f"{tuple(min_val.shape)} min/max values; call reset_min_max_vals() to start over"
-            )
+        check_channel_count(channels, tuple(min_val.shape), self.ch_axis)
         return MinMaxState(min_val, max_val)
 
     def _store(self, new: MinMaxState) -> None:

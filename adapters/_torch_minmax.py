@@ -25,7 +25,7 @@ from .. import (
 from .._dtypes import parse_dtype
 from .._namespace import normalize_axis
 from .._qparams import UNINITIALIZED_WARNING
-from .._validate import check_averaging_constant, check_bool
+from .._validate import check_averaging_constant, check_bool, check_channel_count
 from ..families import minmax as minmax_family
 from ._array_observers import check_entry, check_minmax_entries, host_array
 from ._torch_distributed import SyncMixin, mean_of_replicas
@@ -527,12 +527,8 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
             axis = 0
         if min_val.numel() == 0 or max_val.numel() == 0:
             state = minmax_init(num_channels=channels, dtype=min_val.dtype, device=min_val.device, xp=TORCH_XP)
-        elif min_val.shape != (channels,) or max_val.shape != (channels,):
-            raise ValueError(
-                f"x has {channels} channels along ch_axis={self.ch_axis} but the observer holds "
-                f"{tuple(min_val.shape)} min/max values; call reset_min_max_vals() to start over"
-            )
         else:
+            check_channel_count(channels, tuple(min_val.shape), self.ch_axis)
             state = MinMaxState(min_val, max_val)
         new = self._update(state, x, axis, collective)
         if min_val.shape != new.min_val.shape:

@@ -16,7 +16,7 @@ import numpy as np
 
 __all__ = [
     "INF", "FLOAT32_TINY", "check_bool", "check_int", "check_float", "check_choice", "check_eps",
-    "check_averaging_constant",
+    "check_averaging_constant", "check_channel_count",
 ]
 
 INF = float("inf")
@@ -113,3 +113,14 @@ def check_averaging_constant(value: Any, name: str = "averaging_constant") -> fl
     ``0`` is accepted as torch 2.13 accepts it (the first batch sets the range, later ones change
     nothing); values outside ``[0, 1]`` (torch takes them and extrapolates) are refused."""
     return check_float(value, name, minimum=0.0, maximum=1.0)
+
+
+def check_channel_count(channels: int, held: tuple[int, ...], ch_axis: int) -> None:
+    """``ValueError`` unless a per-channel state of shape ``held`` (``(C,)``) takes a batch with ``channels``
+    channels along ``ch_axis``: the one message every observer gives for another channel count."""
+    if tuple(held) != (channels,):
+        count = held[0] if len(held) == 1 else tuple(held)
+        raise ValueError(
+            f"x has {channels} channels along ch_axis={ch_axis} but the observer holds {count}; "
+            "call reset_min_max_vals() to observe a different channel count"
+        )

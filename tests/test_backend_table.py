@@ -169,3 +169,25 @@ def test_the_table_covers_every_public_observer_class():
     assert public <= {name for name, _ in CASES}, public - {name for name, _ in CASES}
     make, convert = BACKENDS["numpy"]
     assert {_outcome(make, n, kw, convert)[0] for n, kw in CASES} == {"ok", "rejected", "failed"}
+
+
+PER_CHANNEL_CASES = [(name, kw) for name, kw in CASES if kw.get("ch_axis") == 1 and _outcome(
+    BACKENDS["numpy"][0], name, kw, BACKENDS["numpy"][1])[0] == "ok"]
+
+
+@pytest.mark.parametrize(("name", "kwargs"), PER_CHANNEL_CASES, ids=[n for n, _ in PER_CHANNEL_CASES])
+def test_another_channel_count_gives_one_message_on_every_backend(name, kwargs):
+    """A per-channel observer that holds 4 channels refuses a batch with 5: ValueError, the same message
+    on every backend (torch's min/max, calibration and the array observers share one check)."""
+    messages = {}
+    for backend, (make, convert) in BACKENDS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            obs = make(name, kwargs)
+            obs(convert(BATCHES[0].copy()))
+            with pytest.raises(ValueError) as err:
+                obs(convert(np.ones((2, 5, 8), np.float32)))
+        messages[backend] = str(err.value)
+    assert set(messages.values()) == {
+        "x has 5 channels along ch_axis=1 but the observer holds 4; "
+        "call reset_min_max_vals() to observe a different channel count"}, messages

@@ -50,7 +50,7 @@ from .._minmax import (
 from .._namespace import array_namespace, channel_rows, device_of, explicit_replicated, size
 from .._qparams import calculate_qparams
 from .._quantize import fake_quantize
-from .._validate import INF, check_averaging_constant, check_bool, check_int
+from .._validate import INF, check_averaging_constant, check_bool, check_channel_count, check_int
 
 __all__ = [
     "MIX_CANDIDATES", "STATE_KEYS", "CalibConfig", "Config", "State", "init", "merge", "qparams", "update", "KLAccumulator", "abs_histogram", "average_range",
@@ -336,11 +336,8 @@ def kl_init(num_channels: int | None, *, bins: int, device: Any, xp: Any) -> KLA
 
 def check_accumulator_channels(acc: KLAccumulator, channels: int | None, ch_axis: int) -> None:
     """``ValueError`` unless the accumulator holds ``channels`` channels (``None``: per tensor, no check)."""
-    if channels is not None and tuple(acc.seen.min_val.shape) != (channels,):
-        raise ValueError(
-            f"x has {channels} channels along ch_axis={ch_axis} but the KL histogram holds "
-            f"{acc.seen.min_val.shape[0]}; call reset_min_max_vals() to observe a different channel count"
-        )
+    if channels is not None:
+        check_channel_count(channels, tuple(acc.seen.min_val.shape), ch_axis)
 
 
 def kl_accumulate(acc: KLAccumulator, x: Array, /, *, axis: int | None, xp: Any, collective: Any = None
