@@ -45,7 +45,7 @@ ALWAYS_SKIPS_NONFINITE = {"Percentile", "Mix"}
 MODES = ("shard_map", "pmap")
 EXTRA_CHECKS = (
     "collective_nan_wins/shard_map", "collective_nan_wins/pmap", "explicit_mesh/shard_map", "explicit_mesh/sharded_input",
-    "explicit_mesh/sharded_calibration",
+    "explicit_mesh/sharded_calibration", "explicit_mesh_2d/sharded_input", "explicit_mesh_2d/sharded_calibration",
     "wrong_axis_name/shard_map", "wrong_axis_name/pmap", "unbound_axis_name",
     "kl_accumulate/shard_map", "kl_accumulate/pmap",
 )
@@ -185,19 +185,24 @@ def main() -> dict[str, list]:
         return (observe_check("MinMax", "nan", "shard_map", mesh)
                 or observe_check("Histogram", "uneven", "shard_map", mesh, qparams=False))  # fmt: skip
 
-    def explicit_sharded_input() -> str | None:
+    # a 2-D mesh (2 x 2 devices): rows over AXIS, columns (the channels of ch_axis=1) over "model"
+    mesh_1d = lambda: jax.make_mesh((DEVICES,), (AXIS,), axis_types=(jax.sharding.AxisType.Explicit,))  # noqa: E731
+    mesh_2d = lambda: jax.make_mesh((2, DEVICES // 2), (AXIS, "model"),  # noqa: E731
+                                    axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+
+    def explicit_sharded_input(mesh, spec) -> str | None:
         """HistogramObserver.update and __call__ (no shard_map: the jitted update sees the global array)
         on batches sharded over a mesh with Explicit axes, outside and inside ``jax.set_mesh``: the state
         equals the one-device state bit for bit (the binning's ``bincount`` is a scatter of sharded
         indices, which needs an ``out_sharding`` there), and so do the qparams (outside ``set_mesh`` the
-        L2 search's ``dynamic_update_slice`` got zeros without the state's mesh)."""
-        mesh = jax.make_mesh((DEVICES,), (AXIS,), axis_types=(jax.sharding.AxisType.Explicit,))
+        L2 search's ``dynamic_update_slice`` got zeros without the state's mesh). ``mesh``, ``spec``: how
+        the batches are sharded."""
         for under_mesh in (False, True):
             obs = jobs.HistogramObserver(bins=64, ignore_nonfinite=True)
             state = ref_state = obs.init_state()
             with jax.set_mesh(mesh) if under_mesh else contextlib.nullcontext():
                 for i, x in enumerate(batches("uneven")):
-                    xs = jax.device_put(jnp.asarray(x), NamedSharding(mesh, P(AXIS)))
+                    xs = jax.device_put(jnp.asarray(x), NamedSharding(mesh, spec))
                     state = obs.update(state, xs)
                     obs(xs)
                     ref_state = obs.update(ref_state, jnp.asarray(x))
@@ -208,15 +213,15 @@ def main() -> dict[str, list]:
                     return f"set_mesh={under_mesh}: qparams {got} != single device {want}"
         return None
 
-    def explicit_sharded_calibration() -> str | None:
+    def explicit_sharded_calibration(mesh, spec) -> str | None:
         """The calibration observers on batches sharded over a mesh with Explicit axes (no shard_map),
         outside and inside ``jax.set_mesh``, per tensor and per channel (``ch_axis=1``; ``ch_axis=0``, the
         sharded axis): Percentile, MSE and Mix ``update`` and ``__call__`` (Mix: ``last_choice`` too), KL
         ``accumulate``, ``kl_step`` and ``__call__``, equal one device's state bit for bit after every
         step, and so do ``calculate_qparams`` (the rows of ``x``, ``reshape(x, (1, -1))`` or
         ``moveaxis`` + ``reshape``, need an ``out_sharding`` there; the core replicates them, and a sharded
-        channel axis's range, so no sum, Mix's float error sums included, is split across the devices)."""
-        mesh = jax.make_mesh((DEVICES,), (AXIS,), axis_types=(jax.sharding.AxisType.Explicit,))
+        channel axis's range, so no sum, Mix's float error sums included, is split across the devices).
+        ``mesh``, ``spec``: how the batches are sharded."""
         kwargs = {"Percentile": {"percentile": 99.0}, "MSE": {}, "Mix": {}, "KL": {}}
 
         def run(obs, xs, channels):
@@ -247,7 +252,7 @@ def main() -> dict[str, list]:
                 for under_mesh in (False, True):
                     where = f"{name}, ch_axis={ch_axis}, set_mesh={under_mesh}"
                     with jax.set_mesh(mesh) if under_mesh else contextlib.nullcontext():
-                        xs = [jax.device_put(jnp.asarray(x), NamedSharding(mesh, P(AXIS))) for x in batches("uneven")]
+                        xs = [jax.device_put(jnp.asarray(x), NamedSharding(mesh, spec)) for x in batches("uneven")]
                         steps, qparams = run(make(), xs, channels)
                     for i, (got, want) in enumerate(zip(steps, ref_steps)):
                         if not same_tree(got, want):
@@ -292,8 +297,10 @@ def main() -> dict[str, list]:
         record(f"collective_nan_wins/{mode}", lambda mode=mode: nan_wins(mode))
         record(f"wrong_axis_name/{mode}", lambda mode=mode: wrong_axis(mode))
     record("explicit_mesh/shard_map", explicit_mesh)
-    record("explicit_mesh/sharded_input", explicit_sharded_input)
-    record("explicit_mesh/sharded_calibration", explicit_sharded_calibration)
+    record("explicit_mesh/sharded_input", lambda: explicit_sharded_input(mesh_1d(), P(AXIS)))
+    record("explicit_mesh/sharded_calibration", lambda: explicit_sharded_calibration(mesh_1d(), P(AXIS)))
+    record("explicit_mesh_2d/sharded_input", lambda: explicit_sharded_input(mesh_2d(), P(AXIS, "model")))
+    record("explicit_mesh_2d/sharded_calibration", lambda: explicit_sharded_calibration(mesh_2d(), P(AXIS, "model")))
     record("unbound_axis_name", unbound)
     return results
 
