@@ -113,18 +113,26 @@ def host_scalar(x: Array) -> np.generic:
 
 
 def threads(n: int, *, grain: int = 1 << 16) -> int:
-    """How many threads :func:`split_sum` may use on ``n`` elements: the calling thread plus the CPUs of
-    this process that torch's intra-op threads leave free (all of them when torch is not loaded, none at
-    torch's default of one thread per core); at most one per ``grain`` elements.
+    """How many threads :func:`split_sum` may use on ``n`` elements: ``OBSERVERS_CORE_THREADS`` where it is
+    set, else the calling thread plus the CPUs of this process that torch's intra-op threads leave free
+    (all of them when torch is not loaded, none at torch's default of one thread per core); at most one
+    per ``grain`` elements.
 
     Between a model's layers torch's OpenMP threads hold the other cores (they spin after each parallel
-    op): on the 2-core benchmark machine, pool threads there made a whole calibration run slower than the
-    calling thread alone (benchmarks/RESULTS.md). ``torch.set_num_threads(k)`` leaves ``cpus - k`` of them
-    to these kernels."""
-    workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "get_num_threads"):
-        workers = workers - torch.get_num_threads() + 1
+    op), so pool threads there compete with them: on the 2-core benchmark machine a whole calibration run
+    was no faster with a pool thread than with the calling thread alone
+    (``benchmarks/bench_kernel_threads.py``), while a loop of observer calls alone is 10-20% faster with
+    it. ``torch.set_num_threads(k)`` leaves ``cpus - k`` of them to these kernels."""
+    fixed = os.environ.get("OBSERVERS_CORE_THREADS", "")
+    if fixed:
+        if not fixed.isdigit() or int(fixed) < 1:
+            raise ValueError(f"OBSERVERS_CORE_THREADS must be a positive integer, got {fixed!r}")
+        workers = int(fixed)
+    else:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "get_num_threads"):
+            workers = workers - torch.get_num_threads() + 1
     return max(1, min(workers, n // grain))
 
 

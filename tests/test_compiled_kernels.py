@@ -160,6 +160,18 @@ def test_threads_leave_torchs_threads_their_cores_and_follow_the_grain():
         torch.set_num_threads(saved)
 
 
+def test_observers_core_threads_sets_the_count(monkeypatch):
+    """OBSERVERS_CORE_THREADS fixes the kernels' thread count (still one per 64K values at most); anything
+    but a positive integer is refused with a ValueError naming the variable."""
+    monkeypatch.setenv("OBSERVERS_CORE_THREADS", "3")
+    assert _compiled.threads(1 << 24) == 3
+    assert _compiled.threads(2 << 16) == 2
+    for bad in ("0", "-1", "two", "1.5"):
+        monkeypatch.setenv("OBSERVERS_CORE_THREADS", bad)
+        with pytest.raises(ValueError, match="OBSERVERS_CORE_THREADS must be a positive integer"):
+            _compiled.threads(1 << 24)
+
+
 @pytest.mark.parametrize("xp", HOSTS)
 def test_finite_range_fast_path_equals_the_masked_one(xp):
     rng = np.random.default_rng(1)
