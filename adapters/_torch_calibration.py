@@ -44,7 +44,7 @@ from observers_core import CalibHistogram
 from observers_core._compiled import numpy_views
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import normalize_axis
-from observers_core._validate import check_bool, check_channel_count
+from observers_core._validate import INF, check_bool, check_channel_count
 
 from observers_core.families import calibration as family
 
@@ -82,7 +82,6 @@ def _run(fn, *args, **kwargs):
 
 __all__ = list(_base.__all__)
 
-_INF = float("inf")
 #: KLObserver's non-persistent buffers: the fields of ``KLAccumulator`` (histogram, then range).
 _ACC_BUFFERS = ("hist_counts", "hist_lo", "hist_width", "hist_min_val", "hist_max_val", "seen_min_val", "seen_max_val")
 
@@ -136,8 +135,8 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
             self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
             self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
         else:
-            self.register_buffer("min_val", torch.tensor(_INF, **factory_kwargs))
-            self.register_buffer("max_val", torch.tensor(-_INF, **factory_kwargs))
+            self.register_buffer("min_val", torch.tensor(INF, **factory_kwargs))
+            self.register_buffer("max_val", torch.tensor(-INF, **factory_kwargs))
 
     # -- forward -------------------------------------------------------------------------------
     def _axis(self, x: torch.Tensor) -> int | None:
@@ -200,7 +199,7 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
 
     def reset_min_max_vals(self):
         """Forget the averaged range (per channel, the channel count too)."""
-        for name, value in (("min_val", _INF), ("max_val", -_INF)):
+        for name, value in (("min_val", INF), ("max_val", -INF)):
             buf = self._buffers[name]
             if self.per_channel:
                 self._buffers[name] = torch.empty(0, dtype=buf.dtype, device=buf.device)
@@ -356,7 +355,7 @@ class KLObserver(_CalibrationObserver):
         r"""``calculate_qparams(min_val, max_val)`` of the averaged KL range; before the first KL update a
         warning that says so and ``(tensor([1.]), tensor([0]))``."""
         min_val, max_val = self.min_val, self.max_val
-        if min_val.numel() == 0 or (min_val.dim() == 0 and bool((min_val == _INF) & (max_val == -_INF))):
+        if min_val.numel() == 0 or (min_val.dim() == 0 and bool((min_val == INF) & (max_val == -INF))):
             with warnings.catch_warnings():  # one warning, ours, instead of torch's generic one
                 warnings.simplefilter("ignore")
                 default = self._default_qparams(min_val)

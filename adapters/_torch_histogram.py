@@ -48,6 +48,7 @@ import torch
 from observers_core._histogram import HistogramState, check_bins, check_upsample_rate, histogram
 from observers_core._l2_search import non_linear_param_search, quantization_error
 from observers_core._dtypes import FLOAT32_EPS
+from observers_core._validate import INF
 from observers_core.families import histogram as family
 
 from ._array_histogram import check_dtype, check_loaded_state
@@ -66,7 +67,6 @@ __all__ = ["HistogramObserver", "default_histogram_observer"]
 # The core's histogram functions get the plain array-API namespace: they pass Python scalars to
 # minimum/maximum/where, which the torch adapter's faster namespace (raw torch functions) rejects.
 
-_INF = float("inf")
 _INF_WARNING = "torch.inf detected in input tensor, ignoring input"
 _NAN_WARNING = (
     "NaN detected in input tensor: the observer's min_val and max_val are NaN from now on and "
@@ -137,8 +137,8 @@ class HistogramObserver(UniformQuantizationObserverBase):
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
         self.bins = bins
         self.register_buffer("histogram", torch.zeros(bins, **factory_kwargs))
-        self.register_buffer("min_val", torch.tensor(_INF, **factory_kwargs))
-        self.register_buffer("max_val", torch.tensor(-_INF, **factory_kwargs))
+        self.register_buffer("min_val", torch.tensor(INF, **factory_kwargs))
+        self.register_buffer("max_val", torch.tensor(-INF, **factory_kwargs))
         self.dst_nbins = dst_nbins
         self.upsample_rate = upsample_rate
 
@@ -233,7 +233,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         ``(tensor([1.]), tensor([0]))``; after a NaN input: a warning and a NaN scale."""
         state = self._state()
         lo, hi = torch.stack((state.min_val, state.max_val)).tolist()
-        if lo == _INF and hi == -_INF:
+        if lo == INF and hi == -INF:
             return self._calculate_qparams(self.min_val, self.max_val)  # torch's warning and defaults
         if math.isnan(lo) or math.isnan(hi):
             warnings.warn("min_val and max_val are NaN (the observer saw NaN): the scale is NaN", stacklevel=2)
@@ -249,7 +249,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         keys = {name: prefix + name for name in ("histogram", "min_val", "max_val")}
         if version is None or version < 3:
             # before version 3, never-updated min_val/max_val had shape (0,)
-            for name, fill in (("min_val", _INF), ("max_val", -_INF)):
+            for name, fill in (("min_val", INF), ("max_val", -INF)):
                 value = state_dict.get(keys[name])
                 if isinstance(value, torch.Tensor) and value.shape == (0,):
                     state_dict[keys[name]] = torch.tensor(fill)

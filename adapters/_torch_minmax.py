@@ -25,7 +25,7 @@ from .. import (
 from .._dtypes import parse_dtype
 from .._namespace import normalize_axis
 from .._qparams import UNINITIALIZED_WARNING
-from .._validate import check_averaging_constant, check_bool, check_channel_count
+from .._validate import INF, check_averaging_constant, check_bool, check_channel_count
 from ..families import minmax as minmax_family
 from ._array_observers import check_entry, check_minmax_entries, host_array
 from ._torch_distributed import SyncMixin, mean_of_replicas
@@ -87,7 +87,6 @@ def _make_namespace() -> types.ModuleType:
 TORCH_XP = _make_namespace()
 
 _FLOAT32_EPS = torch.finfo(torch.float32).eps
-_INF = float("inf")
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     "qint8": torch.qint8,
@@ -255,7 +254,7 @@ class UniformQuantizationObserverBase(SyncMixin, ObserverBase):
         ``min_val > max_val`` -> ``ValueError``."""
         if min_val.numel() == 0 or max_val.numel() == 0:
             return self._default_qparams(min_val)
-        unseen = (min_val == _INF) & (max_val == -_INF)
+        unseen = (min_val == INF) & (max_val == -INF)
         if (min_val.dim() == 0 or max_val.dim() == 0) and bool(unseen.all()):
             return self._default_qparams(min_val)
         if bool(((min_val > max_val) & ~unseen).any()):
@@ -380,8 +379,8 @@ class MinMaxObserver(UniformQuantizationObserverBase):
             **kwargs,
         )
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
-        self.register_buffer("min_val", torch.tensor(_INF, **factory_kwargs))
-        self.register_buffer("max_val", torch.tensor(-_INF, **factory_kwargs))
+        self.register_buffer("min_val", torch.tensor(INF, **factory_kwargs))
+        self.register_buffer("max_val", torch.tensor(-INF, **factory_kwargs))
         _check_symmetric_reduce_range(self)
 
     def forward(self, x_orig):
@@ -407,8 +406,8 @@ class MinMaxObserver(UniformQuantizationObserverBase):
 
     def reset_min_max_vals(self):
         """Resets the min/max values to "nothing observed" (``inf``/``-inf``)."""
-        self.min_val.fill_(_INF)
-        self.max_val.fill_(-_INF)
+        self.min_val.fill_(INF)
+        self.max_val.fill_(-INF)
 
 
 class MovingAverageMinMaxObserver(MinMaxObserver):
@@ -681,7 +680,7 @@ class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
             scale_value = float(scale)
         except (TypeError, ValueError):
             raise TypeError(f"scale must be a float, got {type(scale).__name__} {scale!r}") from None
-        if not (scale_value > 0 and scale_value != _INF):
+        if not (scale_value > 0 and scale_value != INF):
             raise ValueError(f"scale={scale!r} must be a positive finite float")
         if isinstance(zero_point, bool) or not isinstance(zero_point, (int, np.integer)):
             raise TypeError(f"zero_point must be an int, got {type(zero_point).__name__} {zero_point!r}")

@@ -22,7 +22,7 @@ import numpy as np
 from ._collective import check_collective, reduce_range
 from ._compiled import counts_kernel, host_scalar, host_view, numpy_views, rebin_kernel, split_sum, threads
 from ._minmax import aminmax
-from ._validate import check_int
+from ._validate import INF, check_int
 from ._namespace import (
     namespace_of,
     array_namespace,
@@ -47,7 +47,6 @@ __all__ = [
 ]
 
 Array = Any
-INF = float("inf")
 MAX_BINS = 2**24  # bin indices and counts stay exact in float32 below this
 _F32_MAX = float(np.finfo(np.float32).max)
 _SCALE = 2.0**-26  # rescales (x - lo) * bins when it would overflow float32 (bins <= 2**24)

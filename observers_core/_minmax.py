@@ -28,6 +28,7 @@ from ._namespace import (
     size,
 )
 from ._qparams import QParams, calculate_qparams
+from ._validate import INF
 
 __all__ = [
     "MinMaxState",
@@ -43,7 +44,6 @@ __all__ = [
 ]
 
 Array = Any
-INF = float("inf")
 
 
 class MinMaxState(NamedTuple):
