@@ -42,15 +42,16 @@ from ._namespace import (
     bincount,
     check_real,
     discarded_invalid,
+    from_host,
     index_dtype,
     is_jax_namespace,
     is_numpy_namespace,
-    is_torch_namespace,
     is_traced,
     midpoint,
     read_flags,
     normalize_axis,
     size,
+    take,
 )
 from ._qparams import calculate_qparams
 from ._quantize import fake_quantize
@@ -191,19 +192,11 @@ def _index_array(table: np.ndarray, xp: Any, device: Any) -> Array:
     return xp.asarray(np.ascontiguousarray(table, dtype=np_dtype), device=device)
 
 
-def _take(table: Array, index: Array, axis: int, xp: Any) -> Array:
-    """``xp.take`` for non-negative 1-D ``index`` (torch: ``index_select`` itself, without the
-    compat layer's pass for negative indices)."""
-    if is_torch_namespace(xp):
-        import torch
-
-        return torch.index_select(table, axis % table.ndim, index)
-    return xp.take(table, index, axis=axis)
 
 
 def _take_shared(table: Array, index: Array, xp: Any) -> Array:
     """``table[c, index]`` for every channel: ``table`` (C, N), ``index`` any shape -> (C, *index.shape)."""
-    out = _take(table, xp.reshape(index, (-1,)), -1, xp)
+    out = take(table, xp.reshape(index, (-1,)), -1, xp)
     return xp.reshape(out, (table.shape[0],) + tuple(index.shape))
 
 
@@ -211,10 +204,10 @@ def _take_each(table: Array, index: Array, xp: Any) -> Array:
     """``table[c, index[c, ...]]``: ``table`` (C, N), ``index`` (C, ...) -> (C, ...)."""
     channels, n = table.shape
     if channels == 1:
-        return xp.reshape(_take(table[0, :], xp.reshape(index, (-1,)), 0, xp), tuple(index.shape))
+        return xp.reshape(take(table[0, :], xp.reshape(index, (-1,)), 0, xp), tuple(index.shape))
     offsets = xp.arange(channels, dtype=index.dtype, device=_device(table)) * n
     flat = index + xp.reshape(offsets, (channels,) + (1,) * (index.ndim - 1))
-    out = _take(xp.reshape(table, (-1,)), xp.reshape(flat, (-1,)), 0, xp)
+    out = take(xp.reshape(table, (-1,)), xp.reshape(flat, (-1,)), 0, xp)
     return xp.reshape(out, tuple(index.shape))
 
 
@@ -671,7 +664,7 @@ def _window_sums(prefix: Array, top2: Array, n: Array, r: Array, off: Array, lim
     offsets = xp.reshape(xp.arange(channels, dtype=xp.int32, device=_device(n)) * size, (channels, 1, 1))
     table = _apart(xp.reshape(prefix, (channels * size, parts)), xp)
     flat = xp.reshape(index + offsets, (-1,))
-    rows = table[flat, ...] if is_jax_namespace(xp) else _take(table, flat, 0, xp)  # (JAX: no bound checks)
+    rows = table[flat, ...] if is_jax_namespace(xp) else take(table, flat, 0, xp)  # (JAX: no bound checks)
     g = xp.reshape(_apart(rows, xp), (channels, count, levels, parts))
     g = _apart(xp.permute_dims(g, (3, 0, 1, 2)), xp)  # (parts, C, K, M)
     d = g[..., 1:] - g[..., :-1]  # window sums of h j**p (mod 2**32)
@@ -1010,18 +1003,7 @@ def _percentile_host(hist: Array, edges: Array, keep: float, symmetric: bool, ch
     which = np.arange(channels) if rows.shape[0] > 1 else 0
     hi = rows[which, out[:, 0]].astype(out_dtype).reshape(lead)
     lo = np.zeros(lead, out_dtype) if symmetric else rows[which, out[:, 1]].astype(out_dtype).reshape(lead)
-    return _from_host(lo, xp), _from_host(hi, xp)
-
-
-def _from_host(a: np.ndarray, xp: Any) -> Array:
-    """A NumPy array this function owns as an array of ``xp`` (torch: zero-copy, ``torch.from_numpy``)."""
-    if is_numpy_namespace(xp):
-        return a
-    if is_torch_namespace(xp):
-        import torch  # only reached with torch tensors
-
-        return torch.from_numpy(a)
-    return xp.asarray(a)
+    return from_host(lo, xp), from_host(hi, xp)
 
 
 def percentile_range(
@@ -1129,7 +1111,7 @@ def _exp2(e: Array, xp: Any) -> Array:
     double = e.dtype == xp.float64
     table = xp.asarray(_pow2_table(double), device=_device(e))
     index = xp.astype(e, index_dtype(xp)) + (1022 if double else 126)
-    return xp.reshape(_take(table, xp.reshape(index, (-1,)), 0, xp), tuple(e.shape))
+    return xp.reshape(take(table, xp.reshape(index, (-1,)), 0, xp), tuple(e.shape))
 
 
 def _pow2_at_least(v: Array, xp: Any) -> Array:

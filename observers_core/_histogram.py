@@ -12,7 +12,6 @@ the few documented exceptions).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any, NamedTuple
 
@@ -27,10 +26,11 @@ from ._namespace import (
     namespace_of,
     array_namespace,
     bincount,
+    bincount_weighted,
     check_real,
     divide_by_constant,
+    float64_scope,
     index_dtype,
-    is_cupy_namespace,
     is_jax_namespace,
     is_numpy_namespace,
     is_torch_namespace,
@@ -103,17 +103,6 @@ def scalar_like(value: float, like: Array, xp: Any) -> Array:
     return xp.asarray(value, dtype=like.dtype, device=_device(like))
 
 
-def float64_scope(xp: Any):
-    """Where torch computes in Python floats (double), we compute in float64; JAX without x64 gets it
-    for the duration of the block (also while tracing under ``jit``)."""
-    if is_jax_namespace(xp):
-        import jax  # only reached with jax arrays
-
-        if not jax.config.jax_enable_x64:
-            return jax.enable_x64(True)
-    return contextlib.nullcontext()
-
-
 def true_divide(a: Array, b: Any, xp: Any) -> Array:
     """``a / b`` as IEEE division. XLA (JAX) turns a division by a scalar or a constant into a
     multiplication by the reciprocal, which can be off in the last bit: Python-number divisors go through
@@ -168,34 +157,6 @@ def _linspace(start: Array, end: Array, steps: int, xp: Any) -> Array:
 
 # ----------------------------------------------------------------------------------------------
 # counting: one native kernel per namespace, one portable fallback
-
-
-def _bincount_weighted(idx: Array, weights: Array, length: int, xp: Any) -> Array:
-    """``out[idx[i]] += weights[i]`` in float32 and in index order (as ``torch.bincount(weights=)``
-    accumulates on CPU); ``idx`` is non-decreasing here."""
-    if is_numpy_namespace(xp):
-        out = np.zeros(length, dtype=np.float32)
-        np.add.at(out, idx, weights)
-        return out
-    if is_torch_namespace(xp):
-        import torch  # only reached with torch tensors
-
-        return torch.bincount(idx, weights=weights, minlength=length)
-    if is_jax_namespace(xp):
-        return xp.zeros(length, dtype=weights.dtype).at[idx].add(weights)
-    if is_cupy_namespace(xp):
-        import cupyx  # only reached with cupy arrays
-
-        out = xp.zeros(length, dtype=weights.dtype)
-        cupyx.scatter_add(out, idx, weights)
-        return out
-    # portable: idx is sorted, so each bin sums a contiguous run; differences of a float64 running sum
-    # (each bin's sum correctly rounded, where torch adds sequentially in float32)
-    with float64_scope(xp):
-        cs = xp.cumulative_sum(xp.astype(weights, xp.float64), include_initial=True)
-        edges = xp.searchsorted(idx, xp.arange(length + 1, dtype=idx.dtype, device=_device(idx)), side="left")
-        sums = xp.take(cs, edges[1:]) - xp.take(cs, edges[:-1])
-        return xp.astype(sums, weights.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -367,7 +328,7 @@ def _rebin(hist: Array, old_min: Array, old_max: Array, new_min: Array, new_max:
     edges = _linspace(new_min, new_max, bins + 1, xp)
     idx = xp.searchsorted(edges, mids, side="right") - 1
     idx = xp.clip(idx, 0, bins - 1)
-    return _bincount_weighted(idx, parts, bins, xp)
+    return bincount_weighted(idx, parts, bins, xp)
 
 
 def _numpy_namespace() -> Any:

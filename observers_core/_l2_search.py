@@ -26,17 +26,17 @@ from ._compiled import cumsum32_kernel, end_steps_kernel, errors_kernel, numpy_v
 from ._dtypes import QuantSpec
 from ._histogram import (
     DST_BITS,
-    INF,
     HistogramState,
     check_bins,
     check_state,
     true_divide,
-    float64_scope,
     scalar_like,
 )
 from ._namespace import (
     device_of,
     array_namespace,
+    cummin,
+    float64_scope,
     index_dtype,
     is_jax_namespace,
     is_numpy_namespace,
@@ -47,7 +47,7 @@ from ._namespace import (
     rounded,
 )
 from ._qparams import QParams, calculate_qparams
-from ._validate import check_int
+from ._validate import INF, check_int
 
 __all__ = ["check_histogram", "histogram_qparams", "non_linear_param_search", "quantization_error"]
 
@@ -67,28 +67,6 @@ def _floor_div(a: Array, b: Array, xp: Any) -> Array:
         above = xp.astype(q, xp.float64) * xp.astype(b, xp.float64) > xp.astype(a, xp.float64)
     q = q - xp.astype(above, q.dtype)
     return xp.where(xp.isinf(a), scalar_like(float("nan"), q, xp), q)
-
-
-def _cummin(v: Array, xp: Any) -> Array:
-    """Prefix minimum of a 1-D integer array: the native scan where there is one, log-step doubling
-    otherwise (the standard has no cummin)."""
-    if is_numpy_namespace(xp):
-        return np.minimum.accumulate(v)
-    if is_torch_namespace(xp):
-        import torch  # only reached with torch tensors
-
-        return torch.cummin(v, dim=0).values
-    if is_jax_namespace(xp):
-        import jax  # only reached with jax arrays
-
-        return jax.lax.cummin(v)
-    n = v.shape[0]
-    big = xp.full((n,), int(np.iinfo(np.int32).max), dtype=v.dtype, device=device_of(v))
-    shift = 1
-    while shift < n:
-        v = xp.minimum(v, xp.concat([big[:shift], v[:-shift]]))
-        shift *= 2
-    return v
 
 
 def _seqsum_last(x: Array, xp: Any) -> Array:
@@ -249,8 +227,8 @@ def _candidates(cs: Array, total: Array, n: int, xp: Any, *, limit: int | None =
 
     ar = xp.arange(m + 2, dtype=idt, device=dev)
     j_b = end_after(ar)
-    dr = _cummin(j_b[:-1] - j_b[1:], xp)  # prefix minima over b in [0, m]
-    dl = _cummin(k[1:] - k[:-1], xp)  # over a in [0, m]
+    dr = cummin(j_b[:-1] - j_b[1:], xp)  # prefix minima over b in [0, m]
+    dl = cummin(k[1:] - k[:-1], xp)  # over a in [0, m]
     a_star = xp.sum(xp.astype(dl > 0, idt))
     b0 = xp.sum(xp.astype(dr > 0, idt))
     # merge positions: b steps before start step a; start steps before end step b (phase 1: b < b0)

@@ -20,6 +20,11 @@ __all__ = [
     "array_namespace",
     "namespace_of",
     "bincount",
+    "bincount_weighted",
+    "cummin",
+    "float64_scope",
+    "from_host",
+    "take",
     "channel_rows",
     "device_of",
     "explicit_replicated",
@@ -219,3 +224,92 @@ def midpoint(u: Array, v: Array, xp: Any) -> Array:
     from subnormals, so both round the exact mean once)."""
     mean = (u + v) / 2
     return xp.where(xp.isinf(mean) & xp.isfinite(u) & xp.isfinite(v), u / 2 + v / 2, mean)
+
+
+# --- native kernels: one per namespace where it has one, a portable fallback otherwise ---
+
+
+def cummin(v: Array, xp: Any) -> Array:
+    """Prefix minimum of a 1-D integer array: the native scan where there is one, log-step doubling
+    otherwise (the standard has no cummin)."""
+    if is_numpy_namespace(xp):
+        import numpy as np
+
+        return np.minimum.accumulate(v)
+    if is_torch_namespace(xp):
+        import torch  # only reached with torch tensors
+
+        return torch.cummin(v, dim=0).values
+    if is_jax_namespace(xp):
+        import jax  # only reached with jax arrays
+
+        return jax.lax.cummin(v)
+    n = v.shape[0]
+    big = xp.full((n,), 2**31 - 1, dtype=v.dtype, device=device_of(v))
+    shift = 1
+    while shift < n:
+        v = xp.minimum(v, xp.concat([big[:shift], v[:-shift]]))
+        shift *= 2
+    return v
+
+
+def bincount_weighted(idx: Array, weights: Array, length: int, xp: Any) -> Array:
+    """``out[idx[i]] += weights[i]`` in float32 and in index order (as ``torch.bincount(weights=)``
+    accumulates on CPU); ``idx`` is non-decreasing here."""
+    if is_numpy_namespace(xp):
+        import numpy as np
+
+        out = np.zeros(length, dtype=np.float32)
+        np.add.at(out, idx, weights)
+        return out
+    if is_torch_namespace(xp):
+        import torch  # only reached with torch tensors
+
+        return torch.bincount(idx, weights=weights, minlength=length)
+    if is_jax_namespace(xp):
+        return xp.zeros(length, dtype=weights.dtype).at[idx].add(weights)
+    if is_cupy_namespace(xp):
+        import cupyx  # only reached with cupy arrays
+
+        out = xp.zeros(length, dtype=weights.dtype)
+        cupyx.scatter_add(out, idx, weights)
+        return out
+    # portable: idx is sorted, so each bin sums a contiguous run; differences of a float64 running sum
+    # (each bin's sum correctly rounded, where torch adds sequentially in float32)
+    with float64_scope(xp):
+        cs = xp.cumulative_sum(xp.astype(weights, xp.float64), include_initial=True)
+        edges = xp.searchsorted(idx, xp.arange(length + 1, dtype=idx.dtype, device=device_of(idx)), side="left")
+        sums = xp.take(cs, edges[1:]) - xp.take(cs, edges[:-1])
+        return xp.astype(sums, weights.dtype)
+
+
+def float64_scope(xp: Any):
+    """Where torch computes in Python floats (double), we compute in float64; JAX without x64 gets it
+    for the duration of the block (also while tracing under ``jit``)."""
+    if is_jax_namespace(xp):
+        import jax  # only reached with jax arrays
+
+        if not jax.config.jax_enable_x64:
+            return jax.enable_x64(True)
+    return contextlib.nullcontext()
+
+
+def take(table: Array, index: Array, axis: int, xp: Any) -> Array:
+    """``xp.take`` for non-negative 1-D ``index`` (torch: ``index_select`` itself, without the
+    compat layer's pass for negative indices)."""
+    if is_torch_namespace(xp):
+        import torch  # only reached with torch tensors
+
+        return torch.index_select(table, axis % table.ndim, index)
+    return xp.take(table, index, axis=axis)
+
+
+def from_host(a: Any, xp: Any) -> Array:
+    """A NumPy array this function owns as an array of ``xp`` (torch: zero-copy, ``torch.from_numpy``)."""
+    if is_numpy_namespace(xp):
+        return a
+    if is_torch_namespace(xp):
+        import torch  # only reached with torch tensors
+
+        return torch.from_numpy(a)
+    return xp.asarray(a)
