@@ -192,8 +192,6 @@ def _index_array(table: np.ndarray, xp: Any, device: Any) -> Array:
     return xp.asarray(np.ascontiguousarray(table, dtype=np_dtype), device=device)
 
 
-
-
 def _take_shared(table: Array, index: Array, xp: Any) -> Array:
     """``table[c, index]`` for every channel: ``table`` (C, N), ``index`` any shape -> (C, *index.shape)."""
     out = take(table, xp.reshape(index, (-1,)), -1, xp)

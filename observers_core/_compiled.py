@@ -121,8 +121,8 @@ def threads(n: int, *, grain: int = 1 << 16) -> int:
     Between a model's layers torch's OpenMP threads hold the other cores (they spin after each parallel
     op), so pool threads there compete with them: on the 2-core benchmark machine a whole calibration run
     was no faster with a pool thread than with the calling thread alone
-    (``benchmarks/bench_kernel_threads.py``), while a loop of observer calls alone is 10-20% faster with
-    it. ``torch.set_num_threads(k)`` leaves ``cpus - k`` of them to these kernels."""
+    (``benchmarks/bench_kernel_threads.py``). ``torch.set_num_threads(k)`` leaves ``cpus - k`` of them to
+    these kernels."""
     fixed = os.environ.get("OBSERVERS_CORE_THREADS", "")
     if fixed:
         if not fixed.isdigit() or int(fixed) < 1:
@@ -160,7 +160,8 @@ def split_sum(fn: Callable, x: np.ndarray, workers: int, *args: Any, chunk: int 
         for k in claims:
             parts[k] = fn(x[starts[k]:starts[k] + chunk], *args)
 
-    helpers = [_executor(workers).submit(work) for _ in range(workers - 1)]
+    pool = _executor(workers)
+    helpers = [pool.submit(work) for _ in range(workers - 1)]
     work()
     for helper in helpers:
         helper.cancel()  # one that never started
@@ -199,7 +200,8 @@ def _executor(workers: int) -> ThreadPoolExecutor:
 
 def _claimed(work: Callable[[], Any], workers: int) -> list:
     """``work()`` on the calling thread and ``workers - 1`` pool threads; the results of those that ran."""
-    helpers = [_executor(workers).submit(work) for _ in range(workers - 1)]
+    pool = _executor(workers)
+    helpers = [pool.submit(work) for _ in range(workers - 1)]
     return [work()] + [helper.result() for helper in helpers if not helper.cancel()]  # cancelled: never started
 
 
