@@ -1,0 +1,55 @@
+"""No host synchronisation inside a CUDA update: every torch observer's ``forward`` on a CUDA tensor runs
+under ``torch.cuda.set_sync_debug_mode("error")``, which raises on any call that waits for the GPU (a
+``.item()``, a blocking device-to-host copy, ``nonzero``, a stream synchronise). ``calculate_qparams`` is
+allowed to read the device (the searches stop once the error rises); how often it does, and what a NaN in
+a batch costs, is printed by ``benchmarks/gpu_sync_report.py``. Skipped without a CUDA device.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("torch has no CUDA device here", allow_module_level=True)
+
+from observers_core.adapters import torch as tobs  # noqa: E402
+
+PER_CHANNEL = dict(ch_axis=1, qscheme=torch.per_channel_symmetric)
+#: (class name, constructor arguments): every torch observer with statistics, per tensor and per channel
+CONFIGS = [
+    ("MinMaxObserver", {}),
+    ("MovingAverageMinMaxObserver", {}),
+    ("PerChannelMinMaxObserver", {}),
+    ("MovingAveragePerChannelMinMaxObserver", {}),
+    ("HistogramObserver", {}),
+    *[(name, kw) for name in ("KLObserver", "MSEObserver", "PercentileObserver", "MixObserver")
+      for kw in ({}, PER_CHANNEL)],
+    ("LowBitObserver", dict(dtype="int8")),
+    ("PerGroupMinMaxObserver", dict(group_size=32)),
+    ("FP8Observer", {}),
+    ("PerBlockMXObserver", {}),
+    ("PerBlockBFPObserver", {}),
+]
+
+
+def config_id(config) -> str:
+    name, kwargs = config
+    return name + ("-per_channel" if "ch_axis" in kwargs else "")
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=config_id)
+def test_cuda_forward_never_synchronises(config):
+    name, kwargs = config
+    obs = getattr(tobs, name)(**kwargs).cuda()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    batches = [torch.randn(16, 64, device="cuda", generator=g) * scale for scale in (1.0, 3.0, 0.5)]
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for x in batches:  # the first forward (state creation) included
+            assert obs(x) is x
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    assert next(obs.buffers()).is_cuda
