@@ -37,7 +37,7 @@ step() {  # step NAME SECONDS COMMAND...
     tail -n 4 "$LOG/$name.log"
 }
 
-step tests "${TESTS_LIMIT:-180}" $PY -m pytest -q -n "${WORKERS:-12}" -k "cuda or gpu or cupy" --tb=short -p no:cacheprovider
-step sync_report 45 $PY benchmarks/gpu_sync_report.py
-step bench_gpu 90 $PY benchmarks/bench_gpu.py --repeats 10
+step tests "${TESTS_LIMIT:-150}" $PY -m pytest -q -n "${WORKERS:-12}" -k "cuda or gpu or cupy" --tb=short -p no:cacheprovider
+step sync_report 45 $PY benchmarks/gpu_sync_report.py --where
+step bench_gpu 60 $PY benchmarks/bench_gpu.py --repeats 10
 step bench_model_calibration 120 $PY benchmarks/bench_model_calibration.py --device cuda --repeats 2 --only torch.ao ours "INT8 max"

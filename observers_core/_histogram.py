@@ -34,6 +34,7 @@ from ._namespace import (
     is_jax_namespace,
     is_numpy_namespace,
     is_torch_namespace,
+    scalar_like,
     size,
 )
 
@@ -99,10 +100,6 @@ def _device(x: Array) -> Any:
     return array_api_compat.device(x)
 
 
-def scalar_like(value: float, like: Array, xp: Any) -> Array:
-    return xp.asarray(value, dtype=like.dtype, device=_device(like))
-
-
 def true_divide(a: Array, b: Any, xp: Any) -> Array:
     """``a / b`` as IEEE division. XLA (JAX) turns a division by a scalar or a constant into a
     multiplication by the reciprocal, which can be off in the last bit: Python-number divisors go through
@@ -141,14 +138,20 @@ def _linspace(start: Array, end: Array, steps: int, xp: Any) -> Array:
     """``torch.linspace(start, end, steps)`` in float32 as torch's CPU kernel computes it:
     ``step = (end - start) / (steps - 1)``; element ``i`` is ``start + step * i`` for ``i < steps // 2``
     and ``end - step * (steps - 1 - i)`` otherwise, each a fused multiply-add (x86-64 builds of torch
-    contract them; verified bit for bit against torch 2.13). torch tensors get ``torch.linspace`` itself
-    (the call torch's observer makes, so also its CUDA kernel on CUDA)."""
-    if is_torch_namespace(xp):
+    contract them; verified bit for bit against torch 2.13; torch's CUDA kernel computes the same, with the
+    step divided on the host). Tensors in host memory get ``torch.linspace`` itself; on a GPU it would read
+    ``start`` and ``end`` on the host (a synchronisation), so the formula runs there, its step a true
+    division by a 0-d tensor (torch's CUDA kernels divide by a Python number as a multiplication by its
+    reciprocal)."""
+    if is_torch_namespace(xp) and start.device.type == "cpu":
         import torch  # only reached with torch tensors
 
         return torch.linspace(start, end, steps, dtype=start.dtype, device=start.device)
     idt = index_dtype(xp)
-    step = true_divide(end - start, float(steps - 1), xp)
+    if is_torch_namespace(xp):
+        step = (end - start) / scalar_like(float(steps - 1), start, xp)
+    else:
+        step = true_divide(end - start, float(steps - 1), xp)
     i = xp.arange(steps, dtype=idt, device=_device(start))
     lower = i < steps // 2
     m = xp.where(lower, i, steps - 1 - i)

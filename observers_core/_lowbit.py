@@ -44,7 +44,7 @@ from ._mx import (
     round_to_element,
     to_blocks,
 )
-from ._namespace import array_namespace, check_real, device_of, divide_by_constant, normalize_axis
+from ._namespace import array_namespace, check_real, device_of, divide_by_constant, normalize_axis, scalar_like
 from ._qparams import QParams
 from ._quantize import fake_quantize
 
@@ -197,7 +197,7 @@ def group_qparams(
     dtype_f = compute_dtype(min_val, xp)
     lo, hi = xp.astype(min_val, dtype_f), xp.astype(max_val, dtype_f)
     zero = xp.zeros((), dtype=dtype_f, device=device_of(lo))
-    eps_a = xp.asarray(float(eps), dtype=dtype_f, device=device_of(lo))
+    eps_a = scalar_like(float(eps), lo, xp)
     min_neg, max_pos = xp.minimum(lo, zero), xp.maximum(hi, zero)
     if symmetric:
         scale = xp.maximum(divide_by_constant(xp.maximum(-min_neg, max_pos), float(qmax - qmin) / 2, xp), eps_a)
@@ -250,7 +250,7 @@ def fp8_scale(amax: Array, /, *, dtype: str = "float8_e4m3fn", eps: float = FLOA
     check_real(amax, xp)
     fmax, _ = _fp8_format(dtype)
     scale = divide_by_constant(xp.astype(amax, compute_dtype(amax, xp)), fmax, xp)
-    return xp.where(scale == 0, xp.asarray(float(eps), dtype=scale.dtype, device=device_of(scale)), scale)
+    return xp.where(scale == 0, scalar_like(float(eps), scale, xp), scale)
 
 
 def fp8_fake_quantize(

@@ -18,13 +18,13 @@ from ._namespace import (
     namespace_of,
     array_namespace,
     check_real,
-    device_of,
     discarded_invalid,
     is_jax_namespace,
     is_torch_namespace,
     midpoint,
     normalize_axis,
     rounded,
+    scalar_like,
     size,
 )
 from ._qparams import QParams, calculate_qparams
@@ -104,12 +104,12 @@ def reduce_aminmax(
     x_lo = x_hi = x
     if masked:
         finite = xp.isfinite(x)
-        x_lo = xp.where(finite, x, xp.asarray(INF, dtype=x.dtype, device=device_of(x)))
-        x_hi = xp.where(finite, x, xp.asarray(-INF, dtype=x.dtype, device=device_of(x)))
+        x_lo = xp.where(finite, x, scalar_like(INF, x, xp))
+        x_hi = xp.where(finite, x, scalar_like(-INF, x, xp))
     lo, hi = xp.min(x_lo, axis=axes), xp.max(x_hi, axis=axes)
     if is_jax_namespace(xp) and not masked and xp.isdtype(x.dtype, "real floating"):
         nan_seen = xp.any(xp.isnan(x), axis=axes)
-        nan = xp.asarray(float("nan"), dtype=x.dtype, device=device_of(x))
+        nan = scalar_like(float("nan"), x, xp)
         lo, hi = xp.where(nan_seen, nan, lo), xp.where(nan_seen, nan, hi)
     return lo, hi
 

@@ -25,10 +25,13 @@ from ._namespace import (
     array_namespace,
     check_real,
     device_of,
+    device_constant,
     divide_by_constant,
+    is_cupy_namespace,
     is_jax_namespace,
     is_torch_namespace,
     normalize_axis,
+    scalar_like,
 )
 
 __all__ = [
@@ -202,8 +205,7 @@ def blocked_aminmax(
 
 def _pow2_table(kmin: int, kmax: int, dtype: Any, device: Any, xp: Any) -> Array:
     """``[2**kmin, ..., 2**kmax]`` in ``dtype`` (exact: every entry is representable)."""
-    values = np.ldexp(1.0, np.arange(kmin, kmax + 1))
-    return xp.asarray(values, dtype=dtype, device=device)
+    return device_constant(np.ldexp(1.0, np.arange(kmin, kmax + 1)), xp, device, dtype=dtype)
 
 
 def _take(table: Array, index: Array, xp: Any) -> Array:
@@ -228,7 +230,7 @@ def floor_log2(a: Array, xp: Any) -> tuple[Array, Array]:
     smallest exponent minus one and ``2**k`` reported as 0; callers mask zeros, NaN and Inf.
     """
     kmin, kmax = _exponent_range(a.dtype, xp)
-    ends = [xp.asarray([v], dtype=a.dtype, device=device_of(a)) for v in (0.0, math.inf)]
+    ends = [xp.full((1,), v, dtype=a.dtype, device=device_of(a)) for v in (0.0, math.inf)]
     # table[i] = 2**(kmin - 1 + i) for i in 1..last-1; table[0] = 0 stands for "below", table[last] = inf
     table = xp.concat([ends[0], _pow2_table(kmin, kmax, a.dtype, device_of(a), xp), ends[1]])
     last = kmax - kmin + 2
@@ -272,7 +274,7 @@ def round_to_element(y: Array, fmt: ElementFormat, xp: Any, *, lo: float | None 
         import torch  # only reached for torch tensors
 
         return y.to(getattr(torch, native)).to(torch.float32)
-    floor_at = xp.asarray(2.0**fmt.emin, dtype=y.dtype, device=device_of(y))
+    floor_at = scalar_like(2.0**fmt.emin, y, xp)
     a = xp.abs(y)
     safe = xp.where(a >= floor_at, a, floor_at)  # also maps NaN to the smallest binade
     # log2(safe) >= emin and < emax + 1 (y is clipped), so truncation is the floor
@@ -298,7 +300,7 @@ def e8m0_to_float(code: Array, /, *, xp: Any = None) -> Array:
     """``2**(c - 127)`` as float32 for uint8 codes ``c`` (NaN for 255), from an exact table."""
     xp = array_namespace(code, xp=xp)
     table = xp.concat(
-        [_pow2_table(-127, 127, xp.float32, device_of(code), xp), xp.asarray([math.nan], dtype=xp.float32, device=device_of(code))]
+        [_pow2_table(-127, 127, xp.float32, device_of(code), xp), xp.full((1,), math.nan, dtype=xp.float32, device=device_of(code))]
     )
     return _take(table, xp.astype(code, xp.int32), xp)
 
@@ -360,11 +362,12 @@ def _block_fake_quantize(
         )
     code = xp.expand_dims(xp.astype(code, xp.int32), axis=axis + 1)
     with np.errstate(over="ignore"):  # numpy-backed arrays: max_normal * 2**127 overflows float32 to inf
-        if is_jax_namespace(xp):
-            # XLA on CPU flushes subnormal operands (2**-127) to zero: scale by two normal factors
+        if is_jax_namespace(xp) or is_cupy_namespace(xp):
+            # XLA on CPU and CuPy (-ftz=true) flush subnormal operands (2**-127) to zero: scale by two
+            # normal factors
             e = xp.where(code == E8M0_NAN, xp.zeros_like(code), code - E8M0_BIAS)
             y = _scale_by_pow2(round_to_element(_scale_by_pow2(xb, -e, xp), fmt, xp, lo=lo), e, xp)
-            y = xp.where(code == E8M0_NAN, xp.asarray(math.nan, dtype=y.dtype, device=device_of(y)), y)
+            y = xp.where(code == E8M0_NAN, scalar_like(math.nan, y, xp), y)
         else:
             # one exact multiplication each way; NaN (code 255) rides in the factors
             inv, scale = _e8m0_factors(code, xb.dtype, xp)
@@ -374,7 +377,7 @@ def _block_fake_quantize(
 
 def _e8m0_factors(code: Array, dtype: Any, xp: Any) -> tuple[Array, Array]:
     """``(2**(127 - c), 2**(c - 127))`` per code, NaN for 255 (exact; ``2**-127`` is subnormal)."""
-    nan = xp.asarray([math.nan], dtype=dtype, device=device_of(code))
+    nan = xp.full((1,), math.nan, dtype=dtype, device=device_of(code))
     up = xp.concat([_pow2_table(-127, 127, dtype, device_of(code), xp), nan])
     down = xp.concat([xp.flip(_pow2_table(-127, 127, dtype, device_of(code), xp)), nan])
     return _take(down, code, xp), _take(up, code, xp)

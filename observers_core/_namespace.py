@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
+from collections import OrderedDict
 from typing import Any
 
 import array_api_compat
@@ -34,6 +35,8 @@ __all__ = [
     "check_real",
     "discarded_invalid",
     "divide_by_constant",
+    "device_constant",
+    "scalar_like",
     "rounded",
     "is_torch_namespace",
     "is_jax_namespace",
@@ -112,6 +115,38 @@ def check_real(x: Array, xp: Any, *, name: str = "x") -> None:
         raise TypeError(f"{name} must hold real floating or integer values, got dtype {x.dtype}")
 
 
+def scalar_like(value: float, like: Array, xp: Any, dtype: Any = None) -> Array:
+    """A 0-d array holding ``value``, with ``like``'s dtype (or ``dtype``) on ``like``'s device.
+
+    Made with ``full``, a fill on the device: ``asarray`` of a Python number builds it on the host and
+    copies it over, which on CUDA waits for the device (a host synchronisation in every update)."""
+    return xp.full((), value, dtype=like.dtype if dtype is None else dtype, device=device_of(like))
+
+
+#: the GPU copies made by :func:`device_constant`, most recently used last
+_DEVICE_CONSTANTS: OrderedDict = OrderedDict()
+
+
+def device_constant(table: Any, xp: Any, device: Any, dtype: Any = None) -> Array:
+    """The NumPy array ``table`` (a constant: powers of two, index tables) as an array of ``xp`` on
+    ``device``. On a GPU (torch not on the CPU, CuPy) each distinct table is copied once per device and
+    reused (the 64 most recent): a copy from host memory waits for the device."""
+    on_gpu = is_cupy_namespace(xp) or (is_torch_namespace(xp) and device is not None and str(device) != "cpu")
+    if not on_gpu:
+        return xp.asarray(table, dtype=dtype, device=device)
+    if device is None:  # CuPy: the current device
+        import cupy  # only reached with cupy
+
+        device = cupy.cuda.Device()
+    key = (xp.__name__, str(device), str(dtype), table.dtype.str, table.shape, table.tobytes())
+    if key not in _DEVICE_CONSTANTS:
+        _DEVICE_CONSTANTS[key] = xp.asarray(table, dtype=dtype, device=device)
+        if len(_DEVICE_CONSTANTS) > 64:
+            _DEVICE_CONSTANTS.popitem(last=False)
+    _DEVICE_CONSTANTS.move_to_end(key)
+    return _DEVICE_CONSTANTS[key]
+
+
 def divide_by_constant(num: Array, divisor: float, xp: Any) -> Array:
     """``num / divisor`` rounded as one true division, as numpy and torch (CPU) compute it.
 
@@ -121,8 +156,7 @@ def divide_by_constant(num: Array, divisor: float, xp: Any) -> Array:
     """
     if not is_jax_namespace(xp):
         return num / divisor
-    one = xp.asarray(1.0, dtype=num.dtype, device=device_of(num))
-    return num / xp.where(xp.isnan(num), one, xp.asarray(divisor, dtype=num.dtype, device=device_of(num)))
+    return num / xp.where(xp.isnan(num), scalar_like(1.0, num, xp), scalar_like(divisor, num, xp))
 
 
 def rounded(product: Array, xp: Any) -> Array:
@@ -134,8 +168,7 @@ def rounded(product: Array, xp: Any) -> Array:
     """
     if not is_jax_namespace(xp):
         return product
-    nan = xp.asarray(float("nan"), dtype=product.dtype, device=device_of(product))
-    return xp.where(xp.isnan(product), nan, product)
+    return xp.where(xp.isnan(product), scalar_like(float("nan"), product, xp), product)
 
 
 def discarded_invalid(xp: Any) -> Any:
@@ -151,8 +184,10 @@ def discarded_invalid(xp: Any) -> Any:
 def bincount(index: Array, length: int, xp: Any) -> Array:
     """Occurrences of each value ``0 .. length - 1`` in the 1-D non-negative integer ``index`` (larger
     values are not counted): integer counts (int64; int32 on JAX without x64), from the namespace's own
-    kernel (``np.bincount``, ``torch.bincount``, ``jnp.bincount(length=)``, ``cupy.bincount``), or a
-    portable sort + searchsorted (array_api_strict and any other namespace)."""
+    kernel (``np.bincount``, ``torch.bincount`` on the CPU, ``jnp.bincount(length=)``), a scatter-add
+    into ``length + 1`` slots (torch on a GPU, CuPy: their ``bincount`` reads the largest index on the
+    host to size its output, a synchronisation), or a portable sort + searchsorted (array_api_strict and
+    any other namespace)."""
     if is_numpy_namespace(xp):
         import numpy as np
 
@@ -160,15 +195,20 @@ def bincount(index: Array, length: int, xp: Any) -> Array:
     if is_torch_namespace(xp):
         import torch  # only reached with torch tensors
 
-        return torch.bincount(index, minlength=length)[:length]
+        if index.device.type == "cpu":
+            return torch.bincount(index, minlength=length)[:length]
+        slots = torch.zeros(length + 1, dtype=torch.int64, device=index.device)
+        return slots.index_add_(0, torch.clamp(index, max=length), torch.ones_like(index, dtype=torch.int64))[:length]
     if is_jax_namespace(xp):
         replicated = explicit_replicated(index, xp)  # a scatter of Explicit-sharded indices must be told
         out = {} if replicated is None else {"out_sharding": replicated}  # its output's sharding
         return xp.bincount(index, length=length, **out)
     if is_cupy_namespace(xp):
-        import cupy  # only reached with cupy arrays
+        import cupyx  # only reached with cupy arrays
 
-        return cupy.bincount(index, minlength=length)[:length]
+        slots = xp.zeros(length + 1, dtype=xp.int64)
+        cupyx.scatter_add(slots, xp.clip(index, 0, length), 1)
+        return slots[:length]
     ordered = xp.sort(index)
     bounds = xp.searchsorted(ordered, xp.arange(length + 1, dtype=index.dtype, device=device_of(index)))
     return bounds[1:] - bounds[:-1]
@@ -265,7 +305,11 @@ def bincount_weighted(idx: Array, weights: Array, length: int, xp: Any) -> Array
     if is_torch_namespace(xp):
         import torch  # only reached with torch tensors
 
-        return torch.bincount(idx, weights=weights, minlength=length)
+        if idx.device.type == "cpu":
+            return torch.bincount(idx, weights=weights, minlength=length)
+        # on a GPU torch.bincount reads the largest index on the host; index_add_ adds atomically, so the
+        # order of the float32 additions (and the last bits of a sum) may vary, as torch's own CUDA bincount
+        return torch.zeros(length, dtype=weights.dtype, device=idx.device).index_add_(0, idx, weights)
     if is_jax_namespace(xp):
         return xp.zeros(length, dtype=weights.dtype).at[idx].add(weights)
     if is_cupy_namespace(xp):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ._dtypes import QScheme, QuantSpec
-from ._namespace import array_namespace, device_of, divide_by_constant, index_dtype
+from ._namespace import array_namespace, device_of, divide_by_constant, index_dtype, scalar_like
 
 __all__ = ["QParams", "UNINITIALIZED_WARNING", "calculate_qparams"]
 
@@ -42,7 +42,7 @@ def calculate_qparams(min_val: Array, max_val: Array, /, spec: QuantSpec, *, xp:
     """
     xp = array_namespace(min_val, max_val, xp=xp)
     dtype = min_val.dtype
-    eps = xp.asarray(spec.eps, dtype=xp.float32, device=device_of(min_val))
+    eps = scalar_like(spec.eps, min_val, xp, dtype=xp.float32)
     zero = xp.zeros((), dtype=dtype, device=device_of(min_val))
     min_val_neg = xp.minimum(min_val, zero)
     max_val_pos = xp.maximum(max_val, zero)

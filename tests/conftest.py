@@ -122,6 +122,74 @@ def to_numpy(a) -> np.ndarray:
     return np.asarray(a)
 
 
+#: GPU backends. Their float32 arithmetic differs from the CPU's in the ways README.md "GPU arithmetic"
+#: lists: torch's CUDA kernels divide by a Python scalar as a multiplication by its float32 reciprocal,
+#: XLA on GPU divides with PTX ``div.full.f32`` (at most 2 ulp off, not correctly rounded), CuPy flushes
+#: float32 subnormals to zero, and sums made with atomic adds (a histogram's re-binned parts) come in
+#: any order.
+GPU_BACKENDS = frozenset({"torch-cuda", "jax-gpu", "cupy"})
+#: Backends that flush float32 subnormals to zero: XLA on the CPU and CuPy (compiled with -ftz=true); XLA
+#: on a GPU keeps them (the H200 runs: exact on subnormal data).
+FLUSHING_BACKENDS = frozenset({"jax", "cupy"})
+#: The most a GPU's float32 division is off from the correctly rounded quotient, in ulp (div.full.f32).
+GPU_DIVISION_ULPS = 2
+
+
+def flushed(a) -> np.ndarray:
+    """``a`` with floating subnormals replaced by zeros of the same sign, as flush-to-zero hardware computes."""
+    a = np.asarray(a)
+    if a.dtype.kind != "f":
+        return a
+    subnormal = (a != 0) & (np.abs(a) < np.finfo(a.dtype).tiny)
+    return np.where(subnormal, np.copysign(np.zeros_like(a), a), a)
+
+
+def ulp_distance(a, b) -> np.ndarray:
+    """How many representable floats lie between ``a`` and ``b`` (same float dtype; 0 for equal values,
+    +0.0 and -0.0 included; NaN against NaN counts as 0, NaN against a number as a huge distance)."""
+    a, b = np.asarray(a), np.asarray(b)
+    itype = {4: np.int32, 8: np.int64, 2: np.int16}[a.dtype.itemsize]
+
+    def ordered(v):  # the float's bits as an integer that increases with the value
+        i = v.view(itype).astype(np.int64)
+        return np.where(i < 0, np.int64(np.iinfo(itype).min) - i, i)
+
+    dist = np.abs(ordered(a) - ordered(b))
+    both_nan, one_nan = np.isnan(a) & np.isnan(b), np.isnan(a) ^ np.isnan(b)
+    return np.where(both_nan, 0, np.where(one_nan, np.iinfo(np.int64).max, dist))
+
+
+def assert_same_on_device(actual, expected, backend_name: str, what: str = "", *, ulps: int = GPU_DIVISION_ULPS) -> None:
+    """Bit for bit (NaN equals NaN) on CPU backends. On a GPU backend (README.md "GPU arithmetic"):
+    subnormals compared as zeros where the backend flushes them, and each value within ``ulps`` ulp of
+    the CPU's."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    if backend_name in FLUSHING_BACKENDS and backend_name in GPU_BACKENDS:
+        actual, expected = flushed(actual), flushed(expected)
+    if backend_name not in GPU_BACKENDS or actual.dtype.kind != "f":
+        same = (actual == expected) | (np.isnan(actual) & np.isnan(expected))
+        assert same.all(), (what, actual[~same][:8], expected[~same][:8])
+        return
+    far = ulp_distance(actual, expected) > ulps
+    assert not far.any(), (what, actual[far][:8], expected[far][:8])
+
+
+def assert_counts_one_bin_apart(actual, expected, what: str = "") -> None:
+    """Histogram counts in which each value may sit in a bin next to its bin in ``expected`` and no
+    further (a value on a bin edge, where a GPU's division rounds the other way): the same total, and
+    each cumulative count lies between ``expected``'s cumulative counts one bin before and one after."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    ca, ce = np.cumsum(actual, axis=-1), np.cumsum(expected, axis=-1)
+    assert np.array_equal(ca[..., -1], ce[..., -1]), (what, "totals", ca[..., -1], ce[..., -1])
+    zero = np.zeros_like(ce[..., :1])
+    before = np.concatenate([zero, ce[..., :-1]], axis=-1)
+    after = np.concatenate([ce[..., 1:], ce[..., -1:]], axis=-1)
+    ok = (before <= ca) & (ca <= after)
+    assert ok.all(), (what, "a value moved more than one bin", np.argwhere(~ok)[:8])
+
+
 def to_torch(a):
     """A numpy array (bfloat16 from ml_dtypes included) as a CPU torch tensor with the same bits."""
     import torch

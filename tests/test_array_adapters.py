@@ -137,14 +137,15 @@ def assert_parity(ours, ref, *, flush_subnormals: bool = False) -> None:
     """min/max and scale bit for bit, zero point equal in value (dtypes differ, see the adapters' docs).
 
     ``flush_subnormals``: compare against torch's min/max (and float zero point) with subnormals
-    flushed to zero, the documented XLA:CPU behaviour; -0.0 and +0.0 then count as equal.
+    flushed to zero on both sides (XLA:CPU and CuPy flush them, in some operations); -0.0 and +0.0 then
+    count as equal.
     """
     (sd, (scale, zp)), (ref_sd, (ref_scale, ref_zp)) = ours, ref
     assert list(sd) == list(ref_sd)
     assert_same_bits(sd["eps"], ref_sd["eps"], "eps")
     for key in ("min_val", "max_val"):
         if flush_subnormals:
-            np.testing.assert_array_equal(sd[key], ftz(ref_sd[key]), err_msg=key)
+            np.testing.assert_array_equal(ftz(sd[key]), ftz(ref_sd[key]), err_msg=key)
         else:
             assert_same_bits(sd[key], ref_sd[key], key)
     assert_same_bits(scale, ref_scale, "scale")
@@ -152,7 +153,7 @@ def assert_parity(ours, ref, *, flush_subnormals: bool = False) -> None:
     if ref_zp.dtype.kind == "f":  # per_channel_affine_float_qparams: a float zero point
         assert zp.dtype.kind == "f"
         if flush_subnormals:
-            np.testing.assert_array_equal(zp, ftz(ref_zp), err_msg="zero_point")
+            np.testing.assert_array_equal(ftz(zp), ftz(ref_zp), err_msg="zero_point")
         else:
             assert_same_bits(zp, ref_zp, "zero_point")
     else:

@@ -32,6 +32,9 @@ def _fixtures(block: str) -> dict:
     if "torch" in block:
         torch = pytest.importorskip("torch")
         names["x"] = torch.from_numpy(host[0])
+    else:  # the CuPy blocks copy host arrays to the GPU themselves: cp.asarray(x), cp.asarray(weight)
+        names["x"] = host[0]
+    names["weight"] = host[1]
     if "model" in block or "linear" in block:
         torch = pytest.importorskip("torch")
         names["model"] = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3))
