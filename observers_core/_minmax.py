@@ -231,9 +231,9 @@ def moving_average_update(
     if check_collective(collective) is None and size(x) == 0:
         return state
     lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp, collective)
-    # Never updated: (+inf, -inf), the only state where min - max is +inf (NaN compares False, and the
-    # average's own cancellation can cross min and max, so min > max alone would be wrong).
-    fresh = (state.min_val - state.max_val) == INF
+    # Never updated: exactly (+inf, -inf), torch's test (an average can overflow to min = +inf with a
+    # finite max, or cross min and max: neither is fresh; min - max == inf would take both for fresh).
+    fresh = (state.min_val == INF) & (state.max_val == -INF)
     c = float(averaging_constant)
     with discarded_invalid(xp):  # fresh entries compute inf - inf, replaced by the batch range
         new_min = xp.where(fresh, lo, state.min_val + rounded(c * (lo - state.min_val), xp))

@@ -338,3 +338,24 @@ def test_nan_propagates_on_large_inputs(xp, n):
     lo, hi = oc.aminmax(xp.asarray(x2), axis=0)
     assert np.isnan(to_numpy(lo)).tolist() == [False, True, False]
     assert np.isnan(to_numpy(hi)).tolist() == [False, True, False]
+
+
+def test_moving_average_overflowed_to_inf_keeps_averaging_like_torch(backend):
+    """An average that overflows to ``min = +inf`` (with a finite max) is not a fresh state: torch keeps
+    averaging (``inf + c * (0 - inf)`` is NaN), it does not restart from the batch (found by hypothesis in
+    test_torch_parity)."""
+    batches = [np.array([[-3.4e38, 0.0]], np.float32), np.array([[3.4e38]], np.float32), np.array([[0.0]], np.float32)]
+    theirs = tao.MovingAverageMinMaxObserver()
+    update = oc.moving_average_update
+    if backend.name.startswith("jax"):
+        import jax
+
+        update = jax.jit(oc.moving_average_update, static_argnames=("averaging_constant",))
+    state = oc.minmax_init(xp=backend.xp, device=backend.device)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        for b in batches:
+            theirs(torch.from_numpy(b))
+            state = update(state, backend.asarray(b), averaging_constant=0.01)
+    assert np.isnan(to_numpy(state.min_val)) and np.isnan(theirs.min_val.item())
+    _assert_same_bits(to_numpy(state.max_val), to_numpy(theirs.max_val), "max_val")
