@@ -41,6 +41,7 @@ from ._namespace import (
     array_namespace,
     bincount,
     check_real,
+    check_same_device,
     device_constant,
     discarded_invalid,
     from_host,
@@ -1226,6 +1227,7 @@ def calib_histogram_update(
     """
     xp = array_namespace(state.counts, xp=xp)
     check_real(x, xp)
+    check_same_device(x, state.counts, xp)
     absolute = check_bool(absolute, "absolute")
     if check_collective(collective) is None and size(x) == 0:
         return state

@@ -28,6 +28,7 @@ from ._namespace import (
     bincount,
     bincount_weighted,
     check_real,
+    check_same_device,
     divide_by_constant,
     float64_scope,
     index_dtype,
@@ -433,6 +434,7 @@ def histogram_update_counting(
     up = check_upsample_rate(upsample_rate)
     xp = array_namespace(state.histogram, xp=xp)
     check_real(x, xp)
+    check_same_device(x, state.histogram, xp)
     if check_collective(collective) is None and size(x) == 0:
         return state, xp.zeros(2, dtype=index_dtype(xp), device=_device(state.histogram))
     views = numpy_views(xp, *state, x)

@@ -18,6 +18,7 @@ from ._namespace import (
     namespace_of,
     array_namespace,
     check_real,
+    check_same_device,
     discarded_invalid,
     is_jax_namespace,
     is_torch_namespace,
@@ -203,6 +204,7 @@ def minmax_update(
     """
     xp = array_namespace(state.min_val, xp=xp)
     check_real(x, xp)
+    check_same_device(x, state.min_val, xp)
     if check_collective(collective) is None and size(x) == 0:
         return state
     lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp, collective)
@@ -228,6 +230,7 @@ def moving_average_update(
     over every member's batch (one step of the average per collective step; all empty: no-op)."""
     xp = array_namespace(state.min_val, xp=xp)
     check_real(x, xp)
+    check_same_device(x, state.min_val, xp)
     if check_collective(collective) is None and size(x) == 0:
         return state
     lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp, collective)

@@ -33,6 +33,7 @@ __all__ = [
     "index_dtype",
     "normalize_axis",
     "check_real",
+    "check_same_device",
     "discarded_invalid",
     "divide_by_constant",
     "device_constant",
@@ -113,6 +114,16 @@ def check_real(x: Array, xp: Any, *, name: str = "x") -> None:
     """``TypeError`` unless ``x`` holds real numbers (floating or integer, not bool or complex)."""
     if not (xp.isdtype(x.dtype, "real floating") or xp.isdtype(x.dtype, "integral")):
         raise TypeError(f"{name} must hold real floating or integer values, got dtype {x.dtype}")
+
+
+def check_same_device(x: Array, state: Array, xp: Any, *, name: str = "x") -> None:
+    """``ValueError`` unless ``x`` is on the device of ``state`` (an array of the running state), for the
+    eager GPU frameworks (torch, CuPy), whose own error for mixed devices names neither argument."""
+    if is_torch_namespace(xp) or is_cupy_namespace(xp):
+        here, there = device_of(x), device_of(state)
+        if here != there:
+            raise ValueError(f"{name} is on {here} but the state is on {there}: make the state on {name}'s device "
+                             f"(the init function's device=) or move {name} there")
 
 
 def scalar_like(value: float, like: Array, xp: Any, dtype: Any = None) -> Array:

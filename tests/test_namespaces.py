@@ -52,3 +52,24 @@ def test_empty_input_errors_alike(framework):
         oc.aminmax(empty, axis=1)
     state = oc.minmax_init(xp=RAW[framework])
     assert oc.minmax_update(state, empty) is state  # updates skip empty batches, as documented
+
+
+UPDATES = {
+    "minmax_update": (lambda xp: oc.minmax_init(xp=xp), lambda s, x: oc.minmax_update(s, x)),
+    "moving_average_update": (lambda xp: oc.minmax_init(xp=xp),
+                              lambda s, x: oc.moving_average_update(s, x, averaging_constant=0.1)),
+    "histogram_update": (lambda xp: oc.histogram_init(bins=8, xp=xp), lambda s, x: oc.histogram_update(s, x)),
+    "calib_histogram_update": (lambda xp: oc.calib_histogram_init(bins=8, xp=xp),
+                               lambda s, x: oc.calib_histogram_update(s, x)),
+}
+
+
+@pytest.mark.parametrize("name", list(UPDATES))
+def test_input_on_another_device_than_the_state_is_a_value_error(name):
+    """A torch state on the CPU and ``x`` on another device (``meta`` stands in for CUDA here; the GPU run
+    covers CUDA): ``ValueError`` naming ``x`` and both devices, not torch's mixed-device error."""
+    init, update = UPDATES[name]
+    state = init(torch)
+    with pytest.raises(ValueError, match=r"x is on meta but the state is on cpu"):
+        update(state, torch.empty(4, 3, device="meta"))
+    update(state, torch.ones(4, 3))  # the same state still takes CPU input
