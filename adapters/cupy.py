@@ -5,8 +5,10 @@ is CuPy's: inputs must be ``cupy.ndarray`` (a numpy input raises ``TypeError`` r
 to the GPU silently); the state (and KLObserver's histogram) is created on the first input's device (or
 on ``factory_kwargs={"device": d}``, ``d`` a device id or ``cupy.cuda.Device``), and an input on another
 device raises ``ValueError``. Every core step runs with its arrays' device current (CuPy launches kernels
-on the current device); the updates never synchronise with the host (the histogram search reads the
-number of candidate ranges and stops once the error rises: a few host reads).
+on the current device). The updates are written not to synchronise with the host (no ``bincount``
+sized on the host, constant tables copied once per device); that is checked for torch on CUDA
+(tests/test_gpu_sync.py), not for CuPy, which has no such debug mode. The histogram search reads the
+number of candidate ranges and stops once the error rises: a few host reads.
 
 Example::
 
