@@ -42,6 +42,7 @@ from ._namespace import (
     bincount,
     check_real,
     check_same_device,
+    clamp,
     device_constant,
     discarded_invalid,
     from_host,
@@ -52,7 +53,6 @@ from ._namespace import (
     midpoint,
     read_flags,
     normalize_axis,
-    scalar_like,
     size,
     take,
 )
@@ -364,8 +364,7 @@ def _kl_strict(b: Array, key: tuple, xp: Any, device: Any) -> Array:
     def group_terms(cs_c: Array, nz_c: Array) -> Array:
         g_count, g_nonzero = _kl_groups(cs_c, nz_c, first, end, xp)  # (C, U)
         # log(G / n) where G > 0 (then n >= 1); an empty group's term G log(...) is 0 * finite.
-        log_q = xp.log(xp.maximum(g_count, scalar_like(tiny, g_count, xp))) - xp.log(
-            xp.maximum(g_nonzero, scalar_like(1.0, g_nonzero, xp)))
+        log_q = xp.log(clamp(g_count, tiny, None, xp)) - xp.log(clamp(g_nonzero, 1.0, None, xp))
         terms = g_count * log_q
         if is_numpy_namespace(xp) and terms.dtype == xp.float64 and host_view(terms, xp) is not None:
             sum_glog = gather_sums_kernel(terms, group_range, levels)  # NumPy's sums, no (C, K, levels) temporary
@@ -377,7 +376,7 @@ def _kl_strict(b: Array, key: tuple, xp: Any, device: Any) -> Array:
     sum_glog, last_log_q = terms[..., 0], terms[..., 1]
 
     cand = _index_array(cand_np, xp, device)
-    last = _index_array(cand_np - 1, xp, device)
+    last = cand - 1
     total = cs[:, -1:]
     kept = _take_shared(cs, cand, xp)
     tail = total - kept
@@ -387,7 +386,7 @@ def _kl_strict(b: Array, key: tuple, xp: Any, device: Any) -> Array:
     safe_total = xp.where(total > 0, total, 1.0)
     kl = (p_log_p - p_log_q) / safe_total - xp.log(safe_total) + xp.log(xp.where(kept > 0, kept, 1.0))
     invalid = (total <= 0) | (kept <= 0) | ((b_last <= 0) & (tail > 0))
-    return xp.where(invalid, INF, xp.maximum(kl, scalar_like(0.0, kl, xp)))
+    return xp.where(invalid, INF, clamp(kl, 0.0, None, xp))
 
 
 def _smoothed(x: Array, inside: Array, count: Array, eps: float, xp: Any) -> tuple[Array, Array]:
@@ -422,7 +421,7 @@ def _kl_smoothed(b: Array, key: tuple, smoothing: float, xp: Any, device: Any) -
 
     def per_chunk(b_c: Array, cs_c: Array, nz_c: Array) -> Array:
         g_count, g_nonzero = _kl_groups(cs_c, nz_c, first, end, xp)
-        q_group = xp.reshape(g_count / xp.maximum(g_nonzero, scalar_like(1.0, g_nonzero, xp)), (-1, cand_np.size, levels))
+        q_group = xp.reshape(g_count / clamp(g_nonzero, 1.0, None, xp), (-1, cand_np.size, levels))
         q_group = xp.concat([q_group, xp.zeros_like(q_group[..., :1])], axis=-1)
         q = _take_shared(xp.reshape(q_group, (q_group.shape[0], -1)), position, xp)
         q = xp.where(b_c[:, None, :] > 0, q, 0.0)
@@ -434,7 +433,7 @@ def _kl_smoothed(b: Array, key: tuple, smoothing: float, xp: Any, device: Any) -
         q = q / xp.where(bad_q[..., None], 1.0, xp.sum(q, axis=-1, keepdims=True))
         ratio = xp.where(inside & ~bad_q[..., None], p / xp.where(q > 0, q, 1.0), 1.0)
         kl = xp.sum(xp.where(inside, p * xp.log(xp.where(ratio > 0, ratio, 1.0)), 0.0), axis=-1)
-        return xp.where(bad_p | bad_q, INF, xp.maximum(kl, scalar_like(0.0, kl, xp)))
+        return xp.where(bad_p | bad_q, INF, clamp(kl, 0.0, None, xp))
 
     kl = _by_channel_chunks(per_chunk, cand_np.size * bins, xp, b, cs, nz)
     return xp.where(total <= 0, INF, kl)
@@ -603,8 +602,7 @@ def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Ar
         m = xp.arange(1, levels, dtype=dtype, device=device)
         weights = xp.stack([xp.ones_like(m), 2 * m - 1], axis=-1)  # (M - 1, 2)
         t = (m - 0.5) * r_c[..., None] - off_c[..., None]
-        n = xp.minimum(xp.maximum(xp.ceil(t), scalar_like(0.0, t, xp)), scalar_like(float(bins), t, xp))
-        n = xp.astype(n, index_dtype(xp))
+        n = xp.astype(clamp(xp.ceil(t), 0.0, float(bins), xp), index_dtype(xp))
         g0 = _take_each(p0_c, xp.reshape(n, (n.shape[0], -1)), xp)
         g1 = _take_each(p1_c, xp.reshape(n, (n.shape[0], -1)), xp)
         y = xp.matmul(xp.reshape(g0, tuple(n.shape)), weights)  # (C, K, 2): Y0, Y1
@@ -632,7 +630,7 @@ def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Ar
     terms = (s2, 2 * u_top * s1, u_top * u_top * s0, 2 * r * x1, r * r * y1, 2 * r * off * y0)
     err = terms[0] - terms[1] + terms[2] + terms[3] - terms[4] + terms[5]
     bound = 16 * _eps_of(dtype, xp) * sum(xp.abs(t) for t in terms)
-    return xp.maximum(err, scalar_like(0.0, err, xp)) * unit, bound * unit
+    return clamp(err, 0.0, None, xp) * unit, bound * unit
 
 
 #: Longest inner level (in bins) whose window moments stay below 2**31 with counts split into 16-bit limbs:
@@ -737,8 +735,7 @@ def _squared_error_by_levels32(counts, edges, scale, levels, norm, dense, xp, li
     r = scale / w
     off = a / w + 0.5
     m = xp.arange(levels, dtype=dtype, device=device)
-    t = xp.ceil((m - 0.5) * r[..., None] - off[..., None])
-    n = xp.minimum(xp.maximum(t, scalar_like(0.0, t, xp)), scalar_like(float(bins), t, xp))
+    n = clamp(xp.ceil((m - 0.5) * r[..., None] - off[..., None]), 0.0, float(bins), xp)
     n = xp.where(m == 0, 0.0, n)  # (C, K, M): n_0 = 0, the levels' first bins
 
     # The top level (every bin from n_{M-1} on), from suffix moments T_p(x) = sum_{j >= x} h_j (j - x)**p:
@@ -755,7 +752,7 @@ def _squared_error_by_levels32(counts, edges, scale, levels, norm, dense, xp, li
     top = tp[2] + d_top * (2 * tp[1] + d_top * tp[0])
     unit = (w / norm[:, None]) ** 2
     if levels == 1:
-        return xp.maximum(top, scalar_like(0.0, top, xp)) * unit
+        return clamp(top, 0.0, None, xp) * unit
 
     # The longest inner window: n_{m+1} - n_m <= ceil(r) + 1 for m >= 1 (ceil(t + r) <= ceil(t) + ceil(r), and an
     # ulp of rounding in t), and n_1 for m = 0.
@@ -763,7 +760,7 @@ def _squared_error_by_levels32(counts, edges, scale, levels, norm, dense, xp, li
     valid = (counts >= 0) & (counts < 2.0**31) & (xp.floor(counts) == counts)  # (False for NaN, inf)
     total = xp.sum(counts, axis=-1)
     exact = xp.all(valid)
-    one_limb = exact & xp.all(total * xp.maximum(span - 1, scalar_like(1.0, span, xp)) ** 2 <= 2.0**30)
+    one_limb = exact & xp.all(total * clamp(span - 1, 1.0, None, xp) ** 2 <= 2.0**30)
     two_limbs = exact & xp.all(span <= _LIMB_SPAN)
 
     # Prefix sums (mod 2**32) of h j**p, p = 0, 1, 2, for both 16-bit limbs of the counts (C, B + 1, 6), made
@@ -784,7 +781,7 @@ def _squared_error_by_levels32(counts, edges, scale, levels, norm, dense, xp, li
             lambda p_c, t_c, n_c, r_c, o_c: _window_sums(p_c, t_c, n_c, r_c, o_c, limbs, xp),
             n.shape[1] * levels * table.shape[-1], xp, table, top2, n, r, off,
         )
-        return xp.maximum(inner + top, scalar_like(0.0, top, xp)) * unit
+        return clamp(inner + top, 0.0, None, xp) * unit
 
     branches = (dense, lambda: by_level(1), lambda: by_level(2))
     if limbs is not None:
@@ -806,7 +803,7 @@ def error_norm(edges: Array, xp: Any) -> Array:
     norm = xp.max(xp.abs(edges), axis=-1)
     norm = xp.where((norm > 0) & (norm < INF), norm, 1.0)
     cap = 2.0**1022 if norm.dtype == xp.float64 else 2.0**126
-    return xp.minimum(_pow2_at_least(norm, xp), scalar_like(cap, norm, xp))
+    return clamp(_pow2_at_least(norm, xp), None, cap, xp)
 
 
 def bin_centers(edges: Array, xp: Any) -> Array:
@@ -1121,7 +1118,7 @@ def _exp2(e: Array, xp: Any) -> Array:
 def _pow2_at_least(v: Array, xp: Any) -> Array:
     """The smallest power of two ``>= v``, for normal finite ``v > 0``."""
     low, high = (-1022.0, 1023.0) if v.dtype == xp.float64 else (-126.0, 127.0)
-    p = _exp2(xp.minimum(xp.maximum(xp.ceil(xp.log2(v)), scalar_like(low, v, xp)), scalar_like(high, v, xp)), xp)
+    p = _exp2(clamp(xp.ceil(xp.log2(v)), low, high, xp), xp)
     p = xp.where(p * 0.5 >= v, p * 0.5, p)  # log2 may be off by an ulp either way
     return xp.where(p < v, p * 2, p)
 
@@ -1143,11 +1140,10 @@ def _grid(low: Array, high: Array, min_width: Array, bins: int, xp: Any) -> tupl
     digits, emax = (53, 1023) if dtype == xp.float64 else (24, 127)
     smallest_normal = 2.0**-1022 if dtype == xp.float64 else 2.0**-126
     empty = ~(low <= high)
-    low = xp.where(empty, 0.0, xp.maximum(low, scalar_like(-(2.0**emax), low, xp)))
-    high = xp.where(empty, 0.0, xp.minimum(high, scalar_like(2.0**emax * (1 - 2.0**-digits), high, xp)))
+    low = xp.where(empty, 0.0, clamp(low, -(2.0**emax), None, xp))
+    high = xp.where(empty, 0.0, clamp(high, None, 2.0**emax * (1 - 2.0**-digits), xp))
     need = xp.maximum(high / bins - low / bins, min_width)
-    need = xp.maximum(need, xp.maximum(xp.maximum(xp.abs(low), xp.abs(high)) * 2.0 ** (2 - digits),
-                                       scalar_like(smallest_normal, low, xp)))
+    need = xp.maximum(need, clamp(xp.maximum(xp.abs(low), xp.abs(high)) * 2.0 ** (2 - digits), smallest_normal, None, xp))
     width = _pow2_at_least(need, xp)
     for _ in range(2):  # width >= range / bins: one doubling suffices for bins >= 3, two for bins = 2
         width = xp.where(_floor_div(high, width, xp) - _floor_div(low, width, xp) >= bins, width * 2, width)
@@ -1173,8 +1169,7 @@ def _rebin(counts: Array, lo: Array, width: Array, new_lo: Array, new_width: Arr
     m = xp.arange(bins + 1, dtype=lo.dtype, device=_device(lo))
     with discarded_invalid(xp):  # edges beyond float's range overflow to inf, clipped below
         edges = new_lo[:, None] + m * new_width[:, None]
-        first = (edges - lo[:, None]) / safe_w[:, None]
-        first = xp.minimum(xp.maximum(first, scalar_like(0.0, first, xp)), scalar_like(float(bins), first, xp))
+        first = clamp((edges - lo[:, None]) / safe_w[:, None], 0.0, float(bins), xp)
     first = xp.where((m == 0)[None, :], 0.0, xp.where((m == bins)[None, :], float(bins), first))
     at = _take_each(_cumsum0(counts, xp), xp.astype(first, index_dtype(xp)), xp)
     return xp.where(filled[:, None], at[:, 1:] - at[:, :-1], xp.zeros_like(counts))

@@ -32,6 +32,7 @@ from ._histogram import (
     true_divide,
 )
 from ._namespace import (
+    clamp,
     scalar_like,
     device_of,
     array_namespace,
@@ -185,8 +186,7 @@ def _end_steps(cs: Array, total: Array, xp: Any) -> Array:
         c64 = xp.astype(cs, xp.float64)
         est = xp.floor((1.0 - true_divide(c64, t64, xp)) * 1e5)
         est = xp.where(xp.isfinite(est), est, xp.zeros_like(est))
-        low = est - 3.0
-        base = xp.astype(xp.minimum(xp.maximum(low, scalar_like(0.0, low, xp)), scalar_like(float(last_b), low, xp)), idt)
+        base = xp.astype(clamp(est - 3.0, 0.0, float(last_b), xp), idt)
         window = xp.reshape(base[None, :] + xp.arange(7, dtype=idt, device=dev)[:, None], (-1,))  # (7 * n,)
         thr_b = xp.astype(xp.take(xp.asarray(betas, device=dev), window) * t64, xp.float32)
     bt = base + xp.sum(xp.astype(xp.reshape(thr_b, (7, cs.shape[0])) >= cs[None, :], idt), axis=0)

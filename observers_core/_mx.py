@@ -14,6 +14,7 @@ operands to zero, which would turn ``x / 2**-127`` into ``x / 0``).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -203,9 +204,15 @@ def blocked_aminmax(
 # ----------------------------------------------------------------------------- exact powers of two
 
 
+@functools.lru_cache(maxsize=16)
+def _pow2_values(kmin: int, kmax: int) -> np.ndarray:
+    """``[2**kmin, ..., 2**kmax]`` in float64 (exact), one array per range (:func:`device_constant`'s key)."""
+    return np.ldexp(1.0, np.arange(kmin, kmax + 1))
+
+
 def _pow2_table(kmin: int, kmax: int, dtype: Any, device: Any, xp: Any) -> Array:
     """``[2**kmin, ..., 2**kmax]`` in ``dtype`` (exact: every entry is representable)."""
-    return device_constant(np.ldexp(1.0, np.arange(kmin, kmax + 1)), xp, device, dtype=dtype)
+    return device_constant(_pow2_values(kmin, kmax), xp, device, dtype=dtype)
 
 
 def _take(table: Array, index: Array, xp: Any) -> Array:

@@ -34,6 +34,7 @@ __all__ = [
     "normalize_axis",
     "check_real",
     "check_same_device",
+    "clamp",
     "discarded_invalid",
     "divide_by_constant",
     "device_constant",
@@ -139,9 +140,11 @@ _DEVICE_CONSTANTS: OrderedDict = OrderedDict()
 
 
 def device_constant(table: Any, xp: Any, device: Any, dtype: Any = None) -> Array:
-    """The NumPy array ``table`` (a constant: powers of two, index tables) as an array of ``xp`` on
-    ``device``. On a GPU (torch not on the CPU, CuPy) each distinct table is copied once per device and
-    reused (the 64 most recent): a copy from host memory waits for the device."""
+    """The NumPy array ``table`` as an array of ``xp`` on ``device``. ``table`` is a constant the caller
+    keeps (an ``lru_cache``'d table of powers of two or indices, never written to). On a GPU (torch not on
+    the CPU, CuPy) each such table is copied once per device and reused (the 64 most recent): a copy from
+    host memory waits for the device. The cache is keyed by the table object itself (it holds a
+    reference, so the key cannot be reused by another array)."""
     on_gpu = is_cupy_namespace(xp) or (is_torch_namespace(xp) and device is not None and str(device) != "cpu")
     if not on_gpu:
         return xp.asarray(table, dtype=dtype, device=device)
@@ -149,13 +152,24 @@ def device_constant(table: Any, xp: Any, device: Any, dtype: Any = None) -> Arra
         import cupy  # only reached with cupy
 
         device = cupy.cuda.Device()
-    key = (xp.__name__, str(device), str(dtype), table.dtype.str, table.shape, table.tobytes())
+    key = (id(table), xp.__name__, str(device), str(dtype))
     if key not in _DEVICE_CONSTANTS:
-        _DEVICE_CONSTANTS[key] = xp.asarray(table, dtype=dtype, device=device)
+        _DEVICE_CONSTANTS[key] = (table, xp.asarray(table, dtype=dtype, device=device))
         if len(_DEVICE_CONSTANTS) > 64:
             _DEVICE_CONSTANTS.popitem(last=False)
     _DEVICE_CONSTANTS.move_to_end(key)
-    return _DEVICE_CONSTANTS[key]
+    return _DEVICE_CONSTANTS[key][1]
+
+
+def clamp(x: Array, low: float | None, high: float | None, xp: Any) -> Array:
+    """``min(max(x, low), high)`` for Python-number bounds (``None``: that side open), NaN kept. The bounds
+    go in as 0-d arrays on ``x``'s device (:func:`scalar_like`): array-api-compat's torch ``maximum`` and
+    ``minimum`` copy a Python number from the host, which waits for a GPU (and its ``clip`` costs more)."""
+    if low is not None:
+        x = xp.maximum(x, scalar_like(low, x, xp))
+    if high is not None:
+        x = xp.minimum(x, scalar_like(high, x, xp))
+    return x
 
 
 def divide_by_constant(num: Array, divisor: float, xp: Any) -> Array:

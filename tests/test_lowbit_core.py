@@ -131,7 +131,7 @@ def rceil_codes(amax, element: str) -> np.ndarray:
 
 #: GPU backends that flush float32 subnormals (CuPy, compiled with -ftz=true); the core scales MX blocks
 #: there by two normal factors, as on JAX, so only subnormal results differ from the reference.
-FLUSHING_GPU = (FLUSHING_BACKENDS & GPU_BACKENDS) - {"jax-gpu"}
+FLUSHING_GPU = FLUSHING_BACKENDS & GPU_BACKENDS
 
 
 def mx_on_device(y, expected, backend_name: str):

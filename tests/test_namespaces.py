@@ -73,3 +73,31 @@ def test_input_on_another_device_than_the_state_is_a_value_error(name):
     with pytest.raises(ValueError, match=r"x is on meta but the state is on cpu"):
         update(state, torch.empty(4, 3, device="meta"))
     update(state, torch.ones(4, 3))  # the same state still takes CPU input
+
+
+def test_device_constant_copies_each_table_once_per_device():
+    """Off the CPU (``meta`` stands in for a GPU) a table is copied once and the copy reused; another
+    table object, or another dtype, gets its own copy; on the CPU nothing is cached."""
+    import array_api_compat.torch as txp
+
+    from observers_core._namespace import device_constant
+
+    table = np.arange(5, dtype=np.int64)
+    first = device_constant(table, txp, torch.device("meta"))
+    assert first.device.type == "meta" and device_constant(table, txp, torch.device("meta")) is first
+    assert device_constant(table.copy(), txp, torch.device("meta")) is not first
+    assert device_constant(table, txp, torch.device("meta"), dtype=torch.float32).dtype == torch.float32
+    assert device_constant(table, txp, torch.device("cpu")) is not device_constant(table, txp, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_clamp_is_max_then_min_with_nan_kept(framework):
+    import array_api_compat
+
+    from observers_core._namespace import clamp
+
+    xp = array_api_compat.array_namespace(RAW[framework].asarray(0.0))
+    x = RAW[framework].asarray(np.array([-0.0, -3.0, 0.5, 9.0, np.nan], np.float32))
+    got = to_numpy(clamp(x, 0.0, 2.0, xp))
+    np.testing.assert_array_equal(got, np.array([0.0, 0.0, 0.5, 2.0, np.nan], np.float32))
+    np.testing.assert_array_equal(to_numpy(clamp(x, None, 0.25, xp))[1:4], [-3.0, 0.25, 0.25])
