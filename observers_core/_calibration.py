@@ -29,8 +29,8 @@ from array_api_compat import device as _device
 
 from ._collective import check_collective, reduce_range
 from ._compiled import (
-    calib_counts_kernel, gather_sums_kernel, host_view, mse_level_errors_kernel, percentile_rows_kernel, split_ranges,
-    split_sum, threads,
+    calib_counts_kernel, gather_sums_kernel, host_view, kl_curve_kernel, kl_log_inputs_kernel, mse_level_errors_kernel,
+    percentile_rows_kernel, split_ranges, split_sum, threads,
 )
 from ._dtypes import QScheme, QuantSpec
 from ._minmax import host_finite_range
@@ -349,8 +349,12 @@ def _kl_strict(b: Array, key: tuple, xp: Any, device: Any) -> Array:
     ``KL_i = (sum_{j<l} b_j log b_j + (b_l + t_i) log(b_l + t_i) - sum_g G_g log(G_g / n_g)
     - [b_l > 0] t_i log(G_g(l) / n_g(l))) / T - log T + log C_i``.
     ``+inf`` where ``P > 0 = Q`` (the tail lands on an empty last bin), ``C_i = 0`` or ``T = 0``.
-    ``G_g log(G_g / n_g)`` is computed once per distinct bin range (:func:`_kl_ranges`).
+    ``G_g log(G_g / n_g)`` is computed once per distinct bin range (:func:`_kl_ranges`). Host float64
+    NumPy counts go through :func:`_kl_strict_host` (the same bits).
     """
+    fast = _kl_strict_host(b, key, xp)
+    if fast is not None:
+        return fast
     cand_np = _kl_tables(*key)[0]
     levels, count = key[3], cand_np.size
     first_np, end_np, group_range_np, last_range_np = _kl_ranges(*key)
@@ -387,6 +391,40 @@ def _kl_strict(b: Array, key: tuple, xp: Any, device: Any) -> Array:
     kl = (p_log_p - p_log_q) / safe_total - xp.log(safe_total) + xp.log(xp.where(kept > 0, kept, 1.0))
     invalid = (total <= 0) | (kept <= 0) | ((b_last <= 0) & (tail > 0))
     return xp.where(invalid, INF, clamp(kl, 0.0, None, xp))
+
+
+@functools.lru_cache(maxsize=8)
+def _log_counts(bins: int) -> np.ndarray:
+    """NumPy's log of ``max(n, 1)`` for ``n = 0 .. bins``, a contiguous float64 table (read-only)."""
+    table = np.log(np.maximum(np.arange(bins + 1, dtype=np.float64), 1.0))
+    table.flags.writeable = False
+    return table
+
+
+def _kl_strict_host(b: Array, key: tuple, xp: Any) -> np.ndarray | None:
+    """:func:`_kl_strict` of host float64 NumPy counts by two compiled kernels and one ``np.log`` between them
+    (:func:`~observers_core._compiled.kl_log_inputs_kernel`, :func:`~observers_core._compiled.kl_curve_kernel`):
+    the array code's float64 operations in its order (its sums in NumPy's pairwise order, its logs NumPy's,
+    taken of the same values in contiguous arrays, the logs of the non-empty bin counts from a table), so the
+    same bits, in a few calls instead of ~100 NumPy calls. ``None`` where it does not apply (other namespaces
+    or dtypes, kernels off, a negative or non-finite count, a total from 2**1000): the array code runs."""
+    if kl_curve_kernel is None or not is_numpy_namespace(xp) or b.dtype != np.float64:
+        return None
+    counts = host_view(b, xp)
+    if counts is None:
+        return None
+    counts = np.ascontiguousarray(counts)
+    cand = _kl_tables(*key)[0]
+    first, end, group_range, last_range = _kl_ranges(*key)
+    channels, bins = counts.shape
+    cs, nonzero = np.empty((channels, bins + 1)), np.empty((channels, first.size), dtype=np.int64)
+    args = np.empty((channels, first.size + bins + 2 * cand.size + 1))
+    if not kl_log_inputs_kernel(counts, first, end, cand, float(np.finfo(np.float64).tiny), cs, nonzero, args):
+        return None
+    out = np.empty((channels, cand.size))
+    kl_curve_kernel(counts, cs, first, end, group_range, last_range, cand, key[3], nonzero, _log_counts(bins),
+                    np.log(args), out)
+    return out
 
 
 def _smoothed(x: Array, inside: Array, count: Array, eps: float, xp: Any) -> tuple[Array, Array]:

@@ -40,7 +40,8 @@ __all__ = [
     "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
     # finite ranges and the calibration histogram
     "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_block_sums_kernel", "gather_sums_kernel",
-    "mse_level_errors_kernel", "pairwise_blocks", "pairwise_combine", "pairwise_sum_kernel", "percentile_rows_kernel",
+    "kl_curve_kernel", "kl_log_inputs_kernel", "mse_level_errors_kernel", "pairwise_blocks", "pairwise_combine",
+    "pairwise_gather_sum", "pairwise_sum_kernel", "percentile_rows_kernel",
 ]  # fmt: skip
 
 AVAILABLE = numba is not None
@@ -677,6 +678,160 @@ def gather_sums_kernel(values, index, length):  # pragma: no cover (compiled)
             out[c, k] = pairwise_sum_kernel(run)
     return out
 
+
+
+@kernel()
+def _pairwise_gather_block(values, index, start, n):  # pragma: no cover (compiled)
+    """:func:`_pairwise_block` of ``values[index[start:start + n]]`` (``n <= 128``), gathered as it goes."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += values[index[start + i]]
+        return res
+    r0, r1 = values[index[start]], values[index[start + 1]]
+    r2, r3 = values[index[start + 2]], values[index[start + 3]]
+    r4, r5 = values[index[start + 4]], values[index[start + 5]]
+    r6, r7 = values[index[start + 6]], values[index[start + 7]]
+    stop = n - n % 8
+    for i in range(start + 8, start + stop, 8):
+        r0 += values[index[i]]
+        r1 += values[index[i + 1]]
+        r2 += values[index[i + 2]]
+        r3 += values[index[i + 3]]
+        r4 += values[index[i + 4]]
+        r5 += values[index[i + 5]]
+        r6 += values[index[i + 6]]
+        r7 += values[index[i + 7]]
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for i in range(start + stop, start + n):
+        res += values[index[i]]
+    return res
+
+
+@kernel()
+def pairwise_gather_sum(values, index, start, n, sizes, phase, sums):  # pragma: no cover (compiled)
+    """``np.sum(values[index[start:start + n]])`` (float64, bit for bit: :func:`pairwise_sum_kernel`'s order)
+    without a gathered copy or allocations: ``sizes``, ``phase`` (int64) and ``sums`` (float64), at least 64
+    long each, are scratch. The halves are visited depth first, left first, as :func:`pairwise_combine` does,
+    each block of at most 128 values summed by :func:`_pairwise_gather_block` when reached."""
+    if n <= 128:
+        return _pairwise_gather_block(values, index, start, n)
+    depth, filled, offset = 0, 0, start
+    sizes[0], phase[0] = n, 0
+    while depth >= 0:
+        m = sizes[depth]
+        if m <= 128:  # a block: its sum goes on the value stack
+            sums[filled] = _pairwise_gather_block(values, index, offset, m)
+            filled, offset, depth = filled + 1, offset + m, depth - 1
+        elif phase[depth] == 2:  # both halves done
+            filled -= 1
+            sums[filled - 1] = sums[filled - 1] + sums[filled]
+            depth -= 1
+        else:
+            half = m // 2 - (m // 2) % 8
+            phase[depth] += 1
+            sizes[depth + 1] = half if phase[depth] == 1 else m - half
+            phase[depth + 1] = 0
+            depth += 1
+    return sums[0]
+
+
+@kernel()
+def kl_log_inputs_kernel(b, first, end, cand, tiny, cs, nonzero, logs):  # pragma: no cover (compiled)
+    """The first half of :func:`_kl_strict` for host float64 counts ``b`` (C, B): the prefix sums ``cs`` of
+    the counts (C, B + 1) and those of ``b > 0`` (``np.cumsum``'s order: left to right, the first element
+    copied); for the U distinct group ranges ``[first, end)``, ``max(n, 1)`` (``n`` the non-empty bins, an
+    integer <= B) into ``nonzero`` (C, U) int64; and per row of ``logs`` (C, U + B + 2K + 1) every other
+    argument the array code takes the log of, in this order: ``max(G, tiny)`` of the ranges (``G`` the
+    difference of ``cs``), ``where(b > 0, b, 1)``, ``where(v > 0, v, 1)`` with ``v = b[i - 1] + (T - C_i)`` and
+    ``where(C_i > 0, C_i, 1)`` for the K candidates ``i`` (``C_i = cs[i]``, ``T = cs[B]``), and
+    ``where(T > 0, T, 1)``. The caller takes ``np.log`` of ``logs`` (NumPy's log, as the array code's, on a
+    contiguous array) and passes it to :func:`kl_curve_kernel`. Returns False, leaving the rest unspecified,
+    where a count is negative or not finite or a row's total reaches 2**1000 (the array code runs then:
+    below, no product, sum or quotient overflows, so there is no NaN or infinity to reproduce)."""
+    channels, bins = b.shape
+    ranges, count = first.shape[0], cand.shape[0]
+    z = np.empty(bins + 1, dtype=np.float64)
+    for c in range(channels):
+        row, s, out = b[c], cs[c], logs[c]
+        s[0], z[0] = 0.0, 0.0
+        low = 0.0
+        if bins > 0:
+            s[1] = row[0]
+            z[1] = 1.0 if row[0] > 0.0 else 0.0
+            low = row[0]
+        for j in range(1, bins):
+            s[j + 1] = s[j] + row[j]
+            z[j + 1] = z[j] + (1.0 if row[j] > 0.0 else 0.0)
+            low = row[j] if row[j] < low else low
+        total = s[bins]
+        if not (low >= 0.0 and total < 2.0**1000):  # (False for NaN; an inf count makes the total inf)
+            return False
+        for u in range(ranges):
+            g = s[end[u]] - s[first[u]]
+            n = z[end[u]] - z[first[u]]
+            out[u] = tiny if g < tiny else g  # np.maximum(G, tiny)
+            nonzero[c, u] = 1 if n < 1.0 else np.int64(n)
+        base = ranges
+        for j in range(bins):
+            out[base + j] = row[j] if row[j] > 0.0 else 1.0
+        base += bins
+        for k in range(count):
+            kept = s[cand[k]]
+            v = row[cand[k] - 1] + (total - kept)
+            out[base + k] = v if v > 0.0 else 1.0
+            out[base + count + k] = kept if kept > 0.0 else 1.0
+        out[base + 2 * count] = total if total > 0.0 else 1.0
+    return True
+
+
+@kernel()
+def kl_curve_kernel(b, cs, first, end, group_range, last_range, cand, levels, nonzero, log_n, logs, out
+                    ):  # pragma: no cover (compiled)
+    """The rest of :func:`_kl_strict` for host float64 counts, from :func:`kl_log_inputs_kernel`'s prefix sums,
+    ``nonzero`` and the logs of its arguments (``logs``), with ``log_n`` (B + 1,) NumPy's log of
+    ``max(0, 1), 1, 2, ..., B`` (the same values as the array code's ``log(max(n, 1))``): KL of every candidate
+    into ``out`` (C, K), every float64 operation the array code's, in its order: ``log_q = log max(G, tiny) -
+    log max(n, 1)`` and ``G log_q`` per distinct range, their sums over each candidate's ``levels`` groups
+    (``group_range``) in NumPy's pairwise order (:func:`pairwise_gather_sum`), the prefix sums of ``x log x``
+    (left to right), then ``p_log_p``, ``p_log_q``, the divergence, its clamp at 0 and the ``+inf`` of
+    invalid candidates."""
+    channels, bins = b.shape
+    ranges, count = first.shape[0], cand.shape[0]
+    log_q = np.empty(ranges, dtype=np.float64)
+    terms = np.empty(ranges, dtype=np.float64)
+    xlogx = np.empty(bins + 1, dtype=np.float64)
+    sizes = np.empty(64, dtype=np.int64)
+    phase = np.empty(64, dtype=np.int64)
+    sums = np.empty(64, dtype=np.float64)
+    for c in range(channels):
+        row, s, lg, nz = b[c], cs[c], logs[c], nonzero[c]
+        for u in range(ranges):
+            log_q[u] = lg[u] - log_n[nz[u]]
+            terms[u] = (s[end[u]] - s[first[u]]) * log_q[u]
+        base = ranges
+        xlogx[0] = 0.0
+        for j in range(bins):  # cumsum of where(b > 0, b * log(b), 0), the first element copied
+            t = row[j] * lg[base + j] if row[j] > 0.0 else 0.0
+            xlogx[j + 1] = t if j == 0 else xlogx[j] + t
+        base += bins
+        total = s[bins]
+        safe_total = total if total > 0.0 else 1.0
+        log_total = lg[base + 2 * count]
+        for k in range(count):
+            sum_glog = pairwise_gather_sum(terms, group_range, k * levels, levels, sizes, phase, sums)
+            i = cand[k]
+            kept = s[i]
+            tail = total - kept
+            b_last = row[i - 1]
+            v = b_last + tail
+            p_log_p = xlogx[i - 1] + (v * lg[base + k] if v > 0.0 else 0.0)
+            p_log_q = sum_glog + (tail * log_q[last_range[k]] if b_last > 0.0 else 0.0)
+            kl = (p_log_p - p_log_q) / safe_total - log_total + lg[base + count + k]
+            if total <= 0.0 or kept <= 0.0 or (b_last <= 0.0 and tail > 0.0):
+                out[c, k] = np.inf
+            else:
+                out[c, k] = kl if kl >= 0.0 else 0.0  # np.maximum(kl, 0.0) (kl is finite here)
 
 
 _PCT_BLOCK = 32  # percentile_rows_kernel sums the counts in blocks of this many bins, then scans the blocks
