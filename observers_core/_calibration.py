@@ -30,7 +30,7 @@ from array_api_compat import device as _device
 from ._collective import check_collective, reduce_range
 from ._compiled import (
     calib_counts_kernel, gather_sums_kernel, host_view, kl_curve_kernel, kl_log_inputs_kernel, mse_level_errors_kernel,
-    percentile_rows_kernel, split_ranges, split_sum, threads,
+    mse_prepare_kernel, percentile_rows_kernel, pick_kernel, split_ranges, split_sum, threads,
 )
 from ._dtypes import QScheme, QuantSpec
 from ._minmax import host_finite_range
@@ -254,6 +254,22 @@ def _pick(objective: Array, slack: Callable[[Array], Any], ties: str, xp: Any) -
     if ties == "first":
         return xp.argmax(near, axis=-1)
     return (objective.shape[-1] - 1) - xp.argmax(xp.flip(near, axis=-1), axis=-1)
+
+
+def _pick_host(objective: Array, tol: float, slack: np.ndarray | None, ties: str, xp: Any) -> np.ndarray | None:
+    """:func:`_pick` of a host float64 NumPy ``objective`` (C, K) by :func:`~observers_core._compiled.pick_kernel`
+    (the same comparisons, one call instead of ten), with the slack ``tol`` (``slack`` None, KL's) or
+    ``tol * best + slack[c]`` (MSE's); ``None`` where it does not apply (kernels off, other arrays)."""
+    if pick_kernel is None or not is_numpy_namespace(xp):
+        return None
+    values = host_view(objective, xp)
+    if values is None or values.dtype != np.float64 or values.ndim != 2 or values.shape[1] == 0:
+        return None
+    out = np.empty(values.shape[0], dtype=np.int64)
+    relative = slack is not None
+    pick_kernel(np.ascontiguousarray(values), float(tol), slack if relative else np.zeros(values.shape[0]), relative,
+                ties == "last", out)
+    return out
 
 
 def _select(values: Array, index: Array, xp: Any) -> Array:
@@ -584,7 +600,9 @@ def kl_threshold(
     )
     xp = array_namespace(hist, edges, xp=xp)
     tol = _default_tie_tol(xp, h.dtype) if tie_tol is None else tie_tol
-    best = _pick(curve.objective, lambda _: tol, ties, xp)
+    best = _pick_host(curve.objective, tol, None, ties, xp)
+    if best is None:
+        best = _pick(curve.objective, lambda _: tol, ties, xp)
     return _result(_select(curve.threshold, best, xp), h, xp)
 
 
@@ -868,9 +886,45 @@ def mse_window(spec: QuantSpec) -> tuple[int, int]:
     return low, spec.quant_max
 
 
-def _mse_search(hist, edges, *, spec, start_bin, stride, check, xp) -> tuple[_Hist, SearchCurve, Array, Array | None]:
+def _mse_host(h: _Hist, cand: np.ndarray, spec: QuantSpec, levels: int, xp: Any
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The float64 level sums of :func:`_mse_search` for host NumPy counts: ``(errors, bounds, norm)`` from
+    :func:`~observers_core._compiled.mse_prepare_kernel` (bin centers, scales, :func:`error_norm`, prefix sums
+    and the other inputs of the level sums, in one call) and
+    :func:`~observers_core._compiled.mse_level_errors_kernel`, the array code's float64 operations in its order
+    (the same bits). ``None`` where it does not apply (other namespaces, kernels off, one level, an edge not
+    finite, ``max |edges|`` subnormal, counts whose prefix sums are not integers below 2**62)."""
+    if mse_prepare_kernel is None or levels <= 1 or not is_numpy_namespace(xp) or h.dtype != xp.float64:
+        return None
+    counts = host_view(h.counts, xp)
+    if counts is None:
+        return None
+    counts = np.ascontiguousarray(counts, dtype=np.float64)
+    edges = h.out_edges[:1] if h.out_edges.strides[0] == 0 else h.out_edges  # (shared edges: one row)
+    edges = np.ascontiguousarray(edges, dtype=np.float64)
+    channels, bins = counts.shape
+    count = cand.size
+    p0, p1 = np.empty((channels, bins + 1)), np.empty((channels, bins + 1))
+    r, off, consts, norm = np.empty((channels, count)), np.empty(channels), np.empty((channels, 4)), np.empty(channels)
+    qrange = float(spec.quant_max - spec.quant_min)
+    if spec.qscheme is QScheme.PER_CHANNEL_AFFINE_FLOAT_QPARAMS:
+        mode, divisor = 1, qrange
+    else:
+        mode, divisor = 0, qrange / 2 if spec.qscheme.is_symmetric else qrange
+    eps = float(np.float32(spec.eps))  # (calculate_qparams's eps is float32)
+    if mse_prepare_kernel(counts, edges, cand, mode, divisor, eps, p0, p1, r, off, consts, norm):
+        return None
+    err, bound = np.empty((channels, count)), np.empty((channels, count))
+    split_ranges(mse_level_errors_kernel, count, threads(r.size * levels), p0, p1, r, off, consts, levels, bins,
+                 16 * _eps_of(h.dtype, xp), err, bound, chunk=256)
+    return err, bound, norm
+
+
+def _mse_search(hist, edges, *, spec, start_bin, stride, check, xp, thresholds: bool = True
+                ) -> tuple[_Hist, SearchCurve, Array, Array | None]:
     """The candidates, with ``objective`` the error sums in units of ``norm`` (:func:`error_norm`,
-    so huge ranges do not overflow), ``norm`` and the sums' rounding bound (None when by bin)."""
+    so huge ranges do not overflow), ``norm`` and the sums' rounding bound (None when by bin).
+    ``thresholds=False``: the curve's ``threshold`` may be None (the host path leaves it to the caller)."""
     xp = array_namespace(hist, edges, xp=xp)
     if not isinstance(spec, QuantSpec):
         raise TypeError(f"spec must be a QuantSpec (see quant_spec(...)), got {type(spec).__name__} {spec!r}")
@@ -880,14 +934,19 @@ def _mse_search(hist, edges, *, spec, start_bin, stride, check, xp) -> tuple[_Hi
         start_bin = min(128, bins - 1)
     start_bin = check_int(start_bin, "start_bin", minimum=0, maximum=bins - 1)
     stride = check_int(stride, "stride", minimum=1)
-    cand_np = np.arange(start_bin, bins, stride)
+    cand_np = np.arange(start_bin, bins, stride, dtype=np.int64)
     cand = _index_array(cand_np, xp, h.device)
+    low, high = mse_window(spec)
+    host = _mse_host(h, cand_np, spec, high - low + 1, xp) if high - low + 1 <= bins else None
+    if host is not None:
+        err, noise, norm = host
+        threshold = _take_shared(bin_centers(h.out_edges, xp), cand, xp) if thresholds else None
+        return h, SearchCurve(cand, threshold, err), norm, noise
     h_edges = h.edges(xp)
     centers = bin_centers(h_edges, xp)
     amax = _take_shared(centers, cand, xp)  # (C, K)
     qp = calculate_qparams(xp.zeros_like(amax), amax, spec, xp=xp)
     scale = xp.astype(qp.scale, h.dtype)
-    low, high = mse_window(spec)
     norm = error_norm(h_edges, xp)
     levels = high - low + 1
 
@@ -963,8 +1022,16 @@ def mse_threshold(
     ties = _check_ties(ties)
     tie_tol = check_float(tie_tol, "tie_tol", minimum=0.0, allow_none=True)
     xp = array_namespace(hist, edges, xp=xp)
-    h, curve, _, noise = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, check=check, xp=xp)
+    h, curve, _, noise = _mse_search(hist, edges, spec=spec, start_bin=start_bin, stride=stride, check=check, xp=xp,
+                                     thresholds=False)
     tol = _default_tie_tol(xp, h.dtype) if tie_tol is None else tie_tol
+    if curve.threshold is None:  # the host path: the pick by a kernel, then the picked bins' centers
+        slack = 2 * np.max(noise, axis=-1)
+        best = _pick_host(curve.objective, tol, slack, ties, xp)
+        if best is None:
+            best = _pick(curve.objective, lambda m: tol * m + slack[:, None], ties, xp)
+        rows, picked = np.arange(best.shape[0]), curve.index[best]
+        return _result(midpoint(h.out_edges[rows, picked], h.out_edges[rows, picked + 1], xp), h, xp)
     slack = 0.0 if noise is None else 2 * xp.max(noise, axis=-1, keepdims=True)
     best = _pick(curve.objective, lambda m: tol * m + slack, ties, xp)
     return _result(_select(curve.threshold, best, xp), h, xp)

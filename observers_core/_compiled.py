@@ -15,6 +15,7 @@ tests switch it to check both paths), the array-API code runs.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -40,8 +41,8 @@ __all__ = [
     "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
     # finite ranges and the calibration histogram
     "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_block_sums_kernel", "gather_sums_kernel",
-    "kl_curve_kernel", "kl_log_inputs_kernel", "mse_level_errors_kernel", "pairwise_blocks", "pairwise_combine",
-    "pairwise_gather_sum", "pairwise_sum_kernel", "percentile_rows_kernel",
+    "kl_curve_kernel", "kl_log_inputs_kernel", "mse_level_errors_kernel", "mse_prepare_kernel", "pairwise_blocks",
+    "pairwise_combine", "pairwise_gather_sum", "pairwise_sum_kernel", "percentile_rows_kernel", "pick_kernel",
 ]  # fmt: skip
 
 AVAILABLE = numba is not None
@@ -832,6 +833,112 @@ def kl_curve_kernel(b, cs, first, end, group_range, last_range, cand, levels, no
                 out[c, k] = np.inf
             else:
                 out[c, k] = kl if kl >= 0.0 else 0.0  # np.maximum(kl, 0.0) (kl is finite here)
+
+
+@kernel()
+def mse_prepare_kernel(counts, edges, cand, mode, divisor, eps, p0, p1, r, off, consts, norms):  # pragma: no cover
+    """The inputs of :func:`mse_level_errors_kernel` for :func:`_mse_search` of host float64 counts (C, B) with
+    float64 ``edges`` (C or 1, B + 1) and the candidate bins ``cand`` (K,), every float64 operation the array
+    code's, in its order: the candidates' ``amax`` (bin centers, :func:`midpoint`), their scales as
+    :func:`calculate_qparams` computes them from ``(0, amax)`` (``mode`` 0: ``max(max(amax, 0) / divisor, eps)``,
+    symmetric and affine; 1: ``(amax - 0) / divisor``, 1 unless above ``eps`` (float qparams); 1 where
+    ``amax < 0``), the prefix sums ``p0``/``p1`` of ``h`` and ``h j`` (C, B + 1; left to right, the first
+    element copied), ``S2 = sum h j j`` (NumPy's pairwise order), ``w``, ``r = s / w`` into ``r`` (C, K),
+    ``o = a / w + 1/2`` into ``off`` (C,), ``S0, S1, S2, (w / norm)**2`` into ``consts`` (C, 4), and ``norm``
+    (:func:`error_norm`) into ``norms`` (C,): the smallest power of two ``>= max |edges|`` (1 for 0), at most
+    2**1022, from ``frexp`` (the array code's ``log2`` with its corrections gives that power of two exactly). Returns 0, or where the array code must run instead
+    (results unspecified): 1 an edge is not finite, 2 ``max |edges|`` is subnormal, 3 the prefix sums of
+    the counts are not all integers below 2**62 (what :func:`_integral` asks of the compiled level sums)."""
+    channels, bins = counts.shape
+    count = cand.shape[0]
+    fbins = np.float64(bins)
+    squares = np.empty(bins, dtype=np.float64)
+    scale = np.empty(count, dtype=np.float64)
+    for c in range(channels):
+        e = edges[c if edges.shape[0] > 1 else 0]
+        row, q0, q1 = counts[c], p0[c], p1[c]
+        norm = 0.0
+        for j in range(bins + 1):
+            v = e[j]
+            if v - v != 0.0:
+                return 1
+            a = abs(v)
+            norm = a if a > norm else norm
+        if norm == 0.0:
+            norm = 1.0
+        elif norm < 2.0**-1022:
+            return 2
+        mant, expo = math.frexp(norm)  # norm = mant * 2**expo, 0.5 <= mant < 1
+        if expo >= 1023:  # the power of two is 2**1022 (mant 0.5) or above: the cap
+            norm = 2.0**1022
+        else:
+            norm = math.ldexp(1.0, expo - 1) if mant == 0.5 else math.ldexp(1.0, expo)
+        q0[0], q1[0] = 0.0, 0.0
+        for j in range(bins):
+            t = row[j] * np.float64(j)
+            q0[j + 1] = row[j] if j == 0 else q0[j] + row[j]
+            q1[j + 1] = t if j == 0 else q1[j] + t
+            squares[j] = t * np.float64(j)
+        for j in range(bins + 1):
+            v = q0[j]
+            if not (np.floor(v) == v and abs(v) < 2.0**62):
+                return 3
+        top = -np.inf
+        for k in range(count):
+            u, v = e[cand[k]], e[cand[k] + 1]
+            amax = (u + v) / 2.0
+            if amax - amax != 0.0:  # (u + v overflowed; u and v are finite)
+                amax = u / 2.0 + v / 2.0
+            if amax < 0.0:
+                s = 1.0
+            elif mode == 0:
+                s = (amax if amax > 0.0 else 0.0) / divisor
+                s = s if s >= eps else eps
+            else:
+                s = (amax - 0.0) / divisor
+                s = s if s > eps else 1.0
+            scale[k] = s
+            top = s if s > top else top
+        w = (e[bins] - e[0]) / fbins
+        floor_w = top * 2.0**-40
+        w = w if w >= floor_w else floor_w
+        for k in range(count):
+            r[c, k] = scale[k] / w
+        off[c] = e[0] / w + 0.5
+        unit = w / norm
+        consts[c, 0], consts[c, 1], consts[c, 3] = q0[bins], q1[bins], unit * unit
+        consts[c, 2] = pairwise_sum_kernel(squares)
+        norms[c] = norm
+    return 0
+
+
+@kernel()
+def pick_kernel(objective, tol, slack, relative, last, out):  # pragma: no cover (compiled)
+    """:func:`_pick` of a float64 ``objective`` (C, K) into ``out`` (C,): with ``best`` its row's minimum (NaN if
+    any is NaN, as ``np.min``), the candidates ``<= best + tol`` (``relative``: ``<= best + (tol * best +
+    slack[c])``) tie; ``last``: the largest index among them, else the smallest; none (a NaN row): K - 1 or 0."""
+    channels, count = objective.shape
+    for c in range(channels):
+        row = objective[c]
+        best = row[0]
+        for k in range(count):
+            v = row[k]
+            best = v if v < best or v != v else best
+            if v != v:
+                break
+        limit = best + (tol * best + slack[c]) if relative else best + tol
+        pick = count - 1 if last else 0
+        if last:
+            for k in range(count - 1, -1, -1):
+                if row[k] <= limit:
+                    pick = k
+                    break
+        else:
+            for k in range(count):
+                if row[k] <= limit:
+                    pick = k
+                    break
+        out[c] = pick
 
 
 _PCT_BLOCK = 32  # percentile_rows_kernel sums the counts in blocks of this many bins, then scans the blocks

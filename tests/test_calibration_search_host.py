@@ -112,6 +112,7 @@ def test_kl_host_curve_equals_array_api_strict(monkeypatch):
         assert np.asarray(strict.objective).tobytes() == np.asarray(fast.objective).tobytes(), case
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the array code's, on invalid counts)
 @pytest.mark.parametrize("bad", ["negative", "nan", "inf", "overflow"])
 def test_kl_host_path_leaves_invalid_counts_to_the_array_code(bad, monkeypatch):
     """Negative or non-finite counts (``check=False``) and totals from 2**1000 take the array code, whose
@@ -155,3 +156,189 @@ def test_pairwise_gather_sum_is_numpys():
         start = int(rng.integers(0, 11))
         expected = np.sum(values[index[start:start + n]])
         assert _compiled.pairwise_gather_sum(values, index, start, n, sizes, phase, sums) == expected, n
+
+
+# ----------------------------------------------------------------------------------------------
+# MSE: mse_prepare_kernel + mse_level_errors_kernel, and the picks (pick_kernel)
+# ----------------------------------------------------------------------------------------------
+
+
+def _mse_specs():
+    from observers_core import quant_spec
+
+    return [quant_spec("qint8", "per_tensor_symmetric"), quant_spec("quint8", "per_tensor_affine"),
+            quant_spec("qint8", "per_tensor_symmetric", quant_min=-127, quant_max=127),
+            quant_spec("qint8", "per_channel_symmetric"), quant_spec("quint8", "per_channel_affine"),
+            quant_spec("quint8", "per_channel_affine_float_qparams"), quant_spec("qint8", "per_tensor_affine"),
+            quant_spec("quint4x2", "per_tensor_affine")]
+
+
+def _mse_cases(rng: np.random.Generator):
+    """``(case, hist, edges, kwargs)``: random histograms and the hard cases of counts and edges."""
+    specs = _mse_specs()
+    for case in range(64):
+        bins = int(rng.choice([256, 512, 2048, 4096])) if case >= 6 else [512, 2048, 4096, 512, 300, 2048][case]
+        channels = (1, 1, 2, 3)[case % 4]
+        shape = (channels, bins)
+        kind = case % 8
+        if kind == 0:
+            h = rng.poisson(rng.exponential(50, shape)).astype(np.float64)
+        elif kind == 1:
+            h = np.zeros(shape)
+        elif kind == 2:
+            h = np.zeros(shape)
+            h[:, int(rng.choice([0, 1, bins // 2, bins - 1]))] = float(rng.integers(1, 10**6))
+        elif kind == 3:
+            h = np.floor(rng.exponential(1.0, shape) * 1e15 / (bins / 512))  # huge: prefix sums past 2**53
+        elif kind == 4:
+            h = rng.integers(0, 1000, shape).astype(np.float64)
+            h[:, int(rng.integers(1, bins // 2)):] = 0.0  # empty tail
+        elif kind == 5:
+            h = rng.integers(0, 3, shape)  # an integer dtype
+        elif kind == 6:
+            h = np.floor(np.minimum(rng.pareto(1.5, shape), 1e3) * 10.0 ** int(rng.integers(0, 7)))
+        else:
+            h = (rng.random(shape) < 0.2) * rng.integers(0, 100, shape).astype(np.float64)
+        edge_kind = case % 7
+        top = float(rng.uniform(0.01, 100.0))
+        if edge_kind == 0:
+            edges = np.linspace(0.0, top, bins + 1)
+        elif edge_kind == 1:
+            edges = np.linspace(0.0, top, bins + 1).astype(np.float32)  # float32 edges (the observers')
+        elif edge_kind == 2:
+            edges = np.linspace(top, 2 * top, bins + 1)  # not starting at 0
+        elif edge_kind == 3:
+            edges = np.full(bins + 1, top)  # zero width
+        elif edge_kind == 4:
+            edges = np.linspace(-top, top, bins + 1)  # negative centers: scale 1 there
+        elif edge_kind == 5:
+            edges = np.linspace(0.0, 1e300, bins + 1) if case % 2 else np.linspace(0.0, 2.0**1023, bins + 1)
+        else:
+            edges = np.sort(rng.random((channels, bins + 1)) * top, axis=-1)  # per channel, uneven
+        kwargs = dict(spec=specs[case % len(specs)], stride=int(rng.choice([1, 1, 2, 3, 5])))
+        if case % 5 == 3:
+            kwargs["start_bin"] = int(rng.integers(0, bins))
+        yield case, h, edges, kwargs
+
+
+def _float_sums_exact(h, kwargs) -> bool:
+    """Whether the array code's float64 boundary sums (``Y0``, ``Y1 = sum (2m - 1) P0``, ``X1``) are exact, as the
+    compiled level sums (int64) are: every partial sum below 2**53. Beyond, the two differ (as before the host
+    path), and the host path is compared with the compiled level sums alone."""
+    from observers_core._calibration import mse_window
+
+    spec = kwargs["spec"]
+    levels = spec.quant_max - mse_window(spec)[0] + 1
+    h = np.asarray(h, dtype=np.float64)
+    total = float(h.sum(axis=-1).max())
+    moment = float((h * np.arange(h.shape[-1])).sum(axis=-1).max())
+    return levels**2 * total < 2.0**52 and levels * moment < 2.0**52
+
+
+def _mse_runs(h, edges, kwargs, monkeypatch):
+    """``mse_errors`` and ``mse_threshold`` with the kernels off (the array code), on, and on with the new
+    kernels missing (numba without them: the compiled level sums as before)."""
+    from observers_core import mse_errors, mse_threshold
+
+    out = []
+    for enabled, missing in ((False, False), (True, False), (True, True)):
+        monkeypatch.setattr(_compiled, "ENABLED", enabled)
+        for name in ("mse_prepare_kernel", "pick_kernel"):
+            monkeypatch.setattr(_calibration, name, None if missing else getattr(_compiled, name))
+        curve = mse_errors(h, edges, **kwargs, xp=xp)
+        out.append([np.asarray(curve.objective).tobytes(), np.asarray(curve.threshold).tobytes()] + [
+            np.asarray(mse_threshold(h, edges, **kwargs, ties=ties, tie_tol=tol, xp=xp)).tobytes()
+            for ties in ("first", "last") for tol in (None, 0.0, 1e-3)])
+    monkeypatch.setattr(_compiled, "ENABLED", True)
+    for name in ("mse_prepare_kernel", "pick_kernel"):
+        monkeypatch.setattr(_calibration, name, getattr(_compiled, name))
+    return out
+
+
+def test_mse_host_search_is_bit_identical(monkeypatch):
+    statuses = []
+    kernel = _compiled.mse_prepare_kernel
+
+    def spy(*args):
+        statuses.append(kernel(*args))
+        return statuses[-1]
+
+    monkeypatch.setattr(_compiled, "mse_prepare_kernel", spy)
+    rng = np.random.default_rng(16)
+    ran = exact = 0
+    for case, h, edges, kwargs in _mse_cases(rng):
+        statuses.clear()
+        array_path, fast, missing = _mse_runs(h, edges, kwargs, monkeypatch)
+        assert fast == missing, (case, kwargs)
+        if _float_sums_exact(h, kwargs):
+            assert array_path == fast, (case, kwargs)
+            exact += 1
+        ran += statuses[:1] == [0]
+    assert ran >= 50 and exact >= 40  # the host path ran for (nearly) every case
+
+
+def test_mse_host_search_equals_array_api_strict():
+    xps = pytest.importorskip("array_api_strict")
+    from observers_core import mse_errors, mse_threshold
+
+    rng = np.random.default_rng(17)
+    for case, h, edges, kwargs in _mse_cases(rng):
+        if case % 3 or not _float_sums_exact(h, kwargs):
+            continue
+        hs, es = xps.asarray(np.asarray(h, dtype=np.float64)), xps.asarray(edges)
+        assert np.asarray(mse_errors(hs, es, **kwargs).objective).tobytes() == np.asarray(
+            mse_errors(h.astype(np.float64), edges, **kwargs, xp=xp).objective).tobytes(), case
+        assert np.asarray(mse_threshold(hs, es, **kwargs)).tobytes() == np.asarray(
+            mse_threshold(h.astype(np.float64), edges, **kwargs, xp=xp)).tobytes(), case
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the array code's, on invalid edges)
+@pytest.mark.parametrize("bad", ["fraction", "nan_edge", "tiny_edges", "beyond_2_62", "one_level"])
+def test_mse_host_path_leaves_the_rest_to_the_array_code(bad, monkeypatch):
+    """Non-integer counts, edges not finite, ``max |edges|`` subnormal, prefix sums from 2**62 and a single
+    level take the array code, whose results they then are."""
+    from observers_core import mse_threshold, quant_spec
+
+    calls = []
+    kernel = _compiled.mse_prepare_kernel
+    monkeypatch.setattr(_compiled, "mse_prepare_kernel", lambda *a: calls.append(kernel(*a)) or calls[-1])
+    h = np.arange(512.0)[None].repeat(2, 0)
+    edges = np.linspace(0.0, 1.0, 513)
+    kwargs = dict(spec=quant_spec("qint8", "per_tensor_symmetric"))
+    if bad == "fraction":
+        h[1, 7] = 0.5
+    elif bad == "nan_edge":
+        edges[100] = np.nan
+    elif bad == "tiny_edges":
+        edges = edges * 1e-310
+    elif bad == "beyond_2_62":
+        h[0, 3] = 2.0**62
+    else:
+        kwargs["spec"] = quant_spec("qint8", "per_tensor_symmetric", quant_min=-1, quant_max=0)  # levels [0, 0]
+    array_path, fast, missing = _mse_runs(h, edges, dict(kwargs, check=False), monkeypatch)
+    assert array_path == fast == missing
+    assert 0 not in calls and (bad == "one_level" or calls)
+    mse_threshold(np.arange(512.0), np.linspace(0.0, 1.0, 513), spec=quant_spec("qint8", "per_tensor_symmetric"),
+                  xp=xp)
+    assert calls[-1] == 0  # a valid histogram takes it
+
+
+def test_pick_kernel_is_pick(monkeypatch):
+    """The compiled pick against ``_pick`` on curves with ties, infinities and NaN."""
+    rng = np.random.default_rng(18)
+    for case in range(300):
+        k = int(rng.integers(1, 40))
+        obj = np.round(rng.random((3, k)) * 4) / 4 + rng.choice([0.0, 1e-13, 1e-9], (3, k))
+        if case % 5 == 1:
+            obj[0, :] = np.inf
+        if case % 5 == 2:
+            obj[1, int(rng.integers(k))] = np.nan
+        if case % 5 == 3:
+            obj[2, int(rng.integers(k))] = np.inf
+        tol = float(rng.choice([0.0, 2.0**-40, 0.3]))
+        slack = rng.choice([0.0, 1e-10, 0.25], 3)
+        for ties in ("first", "last"):
+            expected = _calibration._pick(obj, lambda _: tol, ties, xp)
+            assert np.array_equal(_calibration._pick_host(obj, tol, None, ties, xp), expected), case
+            expected = _calibration._pick(obj, lambda m: tol * m + slack[:, None], ties, xp)
+            assert np.array_equal(_calibration._pick_host(obj, tol, slack, ties, xp), expected), case
