@@ -74,10 +74,45 @@ __all__ = ["KLObserver", "MSEObserver", "PercentileObserver", "MixObserver"]
 
 Array = Any
 
+# ------------------------------------------------------------- the observe steps, every framework
+
+
+class CalibrationSteps:
+    """The Percentile/MSE/Mix observe step of every framework (the array observers here, the torch
+    ones in ``adapters.torch``): ``batch_update`` of the batch through ``_compute_batch``, the averaged
+    range committed through ``_write_state`` and the Mix pick kept in ``last_choice``."""
+
+    def _observe(self, state: MinMaxState, x: Array, axis: int | None, collective: Any) -> None:
+        new, self.last_choice = self._compute_batch(state, x, axis, collective)
+        self._write_state(new)
+
+
+class KLSteps(CalibrationSteps):
+    """KLObserver's observe step of every framework: ``x`` counted into the accumulator
+    (``_read_accumulator``/``_write_accumulator``, a fresh ``_new_accumulator`` first); every
+    ``update_interval``-th batch the KL update of the averaged range (``_kl_batch`` runs both)."""
+
+    def _fitting_accumulator(self, acc: KLAccumulator | None, x: Array, axis: int | None) -> KLAccumulator:
+        """``acc`` (a new one for ``None``) after checking that ``x`` has its channel count."""
+        channels = None if axis is None else x.shape[axis]
+        acc = acc if acc is not None else self._new_accumulator(x, channels)
+        check_accumulator_channels(acc, channels, self.ch_axis)
+        return acc
+
+    def _observe(self, state: MinMaxState, x: Array, axis: int | None, collective: Any) -> None:
+        acc = self._fitting_accumulator(self._read_accumulator(), x, axis)
+        kl_due = (self.num_steps + 1) % self.config.update_interval == 0
+        acc, new = self._kl_batch(state, acc, x, axis, kl_due, collective)
+        self._write_accumulator(acc)
+        self.num_steps += 1
+        if new is not None:
+            self._write_state(new)
+
+
 # ---------------------------------------------------------------------------------------- classes
 
 
-class _CalibrationObserver(UniformQuantizationObserverBase):
+class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
     """Shared by the four observers: configuration and the per-batch step (``batch_update`` of the
     core, run by the backend)."""
 
@@ -123,9 +158,6 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
 
     def _compute_update(self, state: MinMaxState, x: Array, axis: int | None, collective: Any = None) -> MinMaxState:
         return self._compute_batch(state, x, axis, collective)[0]
-
-    def _observe(self, state: MinMaxState, x: Array, axis: int | None) -> None:
-        self._state, self.last_choice = self._compute_batch(state, x, axis)
 
     def reset_min_max_vals(self) -> None:
         """Forget everything seen (per channel, the channel count too)."""
@@ -228,7 +260,7 @@ class MixObserver(_CalibrationObserver):
         )
 
 
-class KLObserver(_CalibrationObserver):
+class KLObserver(KLSteps, _CalibrationObserver):
     """Accumulates a ``bins``-bin histogram of ``|x|`` and the finite range over every batch; every
     ``update_interval``-th batch, ``amax`` = :func:`~observers_core.kl_threshold` of the accumulated
     histogram (TensorRT's entropy calibration with ``num_levels`` = the levels ``|x|`` reaches) and the
@@ -271,6 +303,15 @@ class KLObserver(_CalibrationObserver):
     def _make_accumulator(self, num_channels: int | None) -> Any:
         return lambda device: kl_init(num_channels, bins=self._config.bins, device=device, xp=self._xp)
 
+    def _read_accumulator(self) -> KLAccumulator | None:
+        return self._acc
+
+    def _write_accumulator(self, acc: KLAccumulator) -> None:
+        self._acc = acc
+
+    def _new_accumulator(self, x: Array, num_channels: int | None) -> KLAccumulator:
+        return self._backend.empty(self._make_accumulator(num_channels), self._device, x)
+
     def _compute_accumulate(self, acc: KLAccumulator, x: Array, axis: int | None,
                             collective: Any = None) -> KLAccumulator:
         return self._backend.run(kl_accumulate, acc, x, axis=axis, xp=self._xp, collective=collective)
@@ -278,18 +319,10 @@ class KLObserver(_CalibrationObserver):
     def _compute_kl(self, state: MinMaxState, acc: KLAccumulator) -> MinMaxState:
         return self._backend.run(kl_update, state, acc, config=self._config, xp=self._xp)
 
-    def _fitting_accumulator(self, acc: KLAccumulator | None, x: Array, axis: int | None) -> KLAccumulator:
-        """``acc`` (a new one for ``None``) after checking that ``x`` has its channel count."""
-        channels = x.shape[axis] if self._PER_CHANNEL else None
-        acc = acc if acc is not None else self._backend.empty(self._make_accumulator(channels), self._device, x)
-        check_accumulator_channels(acc, channels, self.ch_axis)
-        return acc
-
-    def _observe(self, state: MinMaxState, x: Array, axis: int | None) -> None:
-        self._acc = self._compute_accumulate(self._fitting_accumulator(self._acc, x, axis), x, axis)
-        self.num_steps += 1
-        if self.num_steps % self._config.update_interval == 0:
-            self._state = self._compute_kl(state, self._acc)
+    def _kl_batch(self, state: MinMaxState, acc: KLAccumulator, x: Array, axis: int | None, kl_due: bool,
+                  collective: Any) -> tuple[KLAccumulator, MinMaxState | None]:
+        acc = self._compute_accumulate(acc, x, axis, collective)
+        return acc, self._compute_kl(state, acc) if kl_due else None
 
     def init_accumulator(self, num_channels: int | None = None) -> KLAccumulator:
         """An empty accumulator (of ``num_channels`` channels for a per-channel observer)."""

@@ -16,7 +16,6 @@ an observer that has seen nothing), where torch has int32/int64.
 from __future__ import annotations
 
 import dataclasses
-import math
 import operator
 import warnings
 from collections.abc import Mapping
@@ -122,6 +121,52 @@ def check_minmax_entries(
     return eps_val, lo32, hi32
 
 
+class ObserveLoop:
+    """The observe step of every stateful observer of every framework, written once.
+
+    ``_observe_input(x)``: ``x`` checked (``_check_input``); an empty batch is a no-op unless a collective
+    takes part (``_collective()``: torch's ``sync``; ``None`` here); the state read (``_read_state()``, a
+    fresh ``_new_state(x, channels)`` before the first batch) and checked against ``x`` (``_check_fits``);
+    then the family's step, which commits through ``_write_state`` (``_observe``). Nothing is written
+    before every check has passed, so errors leave the state untouched.
+
+    The array observers keep the state in ``_state``; the torch observers (``adapters.torch``) in
+    ``nn.Module`` buffers: each framework supplies ``_read_state``/``_write_state``/``_new_state``.
+    """
+
+    #: per channel: the state has one entry per channel of ``x`` along ``ch_axis``
+    _PER_CHANNEL = False
+
+    def _collective(self) -> Any:
+        """The collective a stateful call reduces the batch with (``None``: this process only)."""
+        return None
+
+    def _channel_axis(self, x: Array) -> int | None:
+        if not self._PER_CHANNEL:
+            return None
+        return normalize_axis(self.ch_axis, x.ndim, name="ch_axis")
+
+    def _fitting_state(self, x: Array, axis: int | None) -> Any:
+        """The current state (a fresh one before the first batch), checked against ``x``."""
+        state = self._read_state()
+        if state is None:
+            state = self._new_state(x, None if axis is None else x.shape[axis])
+        self._check_fits(state, x, axis)
+        return state
+
+    def _observe_input(self, x: Array) -> Array:
+        x_arr = self._check_input(x)
+        collective = self._collective()
+        if collective is None and size(x_arr) == 0:
+            return x
+        axis = self._channel_axis(x_arr)
+        self._observe(self._fitting_state(x_arr, axis), x_arr, axis, collective)
+        return x
+
+    def _observe(self, state: Any, x: Array, axis: int | None, collective: Any) -> None:
+        self._write_state(self._compute_update(state, x, axis, collective))
+
+
 class ObserverBase:
     """What every observer shares: its :class:`~observers_core.adapters._backend.Backend` (the array
     library: input coercion, devices, how the pure core runs), ``dtype`` and ``is_dynamic``.
@@ -170,7 +215,7 @@ class ObserverBase:
         return f"dtype={self.dtype!r}"
 
 
-class StatefulObserver(ObserverBase):
+class StatefulObserver(ObserveLoop, ObserverBase):
     """An observer with a validated configuration (:attr:`spec`), ``ignore_nonfinite`` and statistics
     (``_state``; ``None``: nothing seen yet) kept in its ``state_dict``."""
 
@@ -198,13 +243,17 @@ class StatefulObserver(ObserverBase):
         """Forget everything seen (per channel, the channel count too)."""
         self._state = None
 
+    def _read_state(self) -> Any:
+        return self._state
+
+    def _write_state(self, state: Any) -> None:
+        self._state = state
+
 
 class UniformQuantizationObserverBase(StatefulObserver):
     """Configuration of the uniform (scale, zero point) observers, validated by
     :func:`observers_core.quant_spec` and resolved exactly as torch does (``quant_min``/``quant_max``
     are the resolved range, the configuration itself is the hashable :attr:`spec`)."""
-
-    _PER_CHANNEL = False
 
     def __init__(
         self,
@@ -300,11 +349,6 @@ class UniformQuantizationObserverBase(StatefulObserver):
         return self._backend.empty(self._make_state(num_channels), self._device, x)
 
     # -- update --------------------------------------------------------------------------------------
-    def _channel_axis(self, x: Array) -> int | None:
-        if not self._PER_CHANNEL:
-            return None
-        return normalize_axis(self.ch_axis, x.ndim, name="ch_axis")
-
     def _check_fits(self, state: MinMaxState, x: Array, axis: int | None) -> None:
         if axis is not None:
             check_channel_count(x.shape[axis], tuple(state.min_val.shape), self.ch_axis)
@@ -336,21 +380,6 @@ class UniformQuantizationObserverBase(StatefulObserver):
         axis = self._channel_axis(x)
         self._check_fits(state, x, axis)
         return self._compute_update(state, x, axis, collective)
-
-    def _observe_input(self, x: Array) -> Array:
-        x_arr = self._check_input(x)
-        if size(x_arr) == 0:
-            return x
-        axis = self._channel_axis(x_arr)
-        state = self._state
-        if state is None:
-            state = self._new_state(x_arr, x_arr.shape[axis] if self._PER_CHANNEL else None)
-        self._check_fits(state, x_arr, axis)
-        self._observe(state, x_arr, axis)
-        return x
-
-    def _observe(self, state: MinMaxState, x: Array, axis: int | None) -> None:
-        self._state = self._compute_update(state, x, axis)
 
     # -- qparams -------------------------------------------------------------------------------------
     def _compute_qparams(self, state: MinMaxState) -> QParams:

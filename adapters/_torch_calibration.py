@@ -42,15 +42,14 @@ import torch
 
 from observers_core import CalibHistogram
 from observers_core._compiled import numpy_views
-from observers_core._minmax import MinMaxState, minmax_init
-from observers_core._namespace import normalize_axis
-from observers_core._validate import INF, check_bool, check_channel_count
+from observers_core._minmax import MinMaxState
+from observers_core._validate import INF, check_bool
 
 from observers_core.families import calibration as family
 
 from . import _array_calibration as _base
 from ._torch_distributed import fold_merge, mean_of_replicas, merge_keys
-from ._torch_minmax import UniformQuantizationObserverBase, checked_input, to_core_dtype, to_core_qscheme
+from ._torch_minmax import UniformQuantizationObserverBase, to_core_dtype, to_core_qscheme
 
 
 def _tree_map(fn, tree):
@@ -86,8 +85,9 @@ __all__ = list(_base.__all__)
 _ACC_BUFFERS = ("hist_counts", "hist_lo", "hist_width", "hist_min_val", "hist_max_val", "seen_min_val", "seen_max_val")
 
 
-class _CalibrationObserver(UniformQuantizationObserverBase):
-    """Shared by the four observers: configuration, buffers, the forward loop, state dict loading.
+class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBase):
+    """Shared by the four observers: configuration, buffers, state dict loading; the observe step is
+    every framework's (``CalibrationSteps`` over the base's buffer storage).
     ``is_sync_quantize=True`` (Horizon's flag) is ``sync=True``: statistics synced per batch across the
     default group (or ``process_group=``)."""
 
@@ -126,7 +126,7 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
             sync=sync, **kwargs,
         )
         self.config = config
-        self.per_channel = per_channel
+        self._PER_CHANNEL = per_channel  # per instance: Horizon chooses by ch_axis
         self.ch_axis = int(ch_axis)
         self.averaging_constant = config.averaging_constant
         self.last_choice: torch.Tensor | None = None
@@ -138,45 +138,10 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
             self.register_buffer("min_val", torch.tensor(INF, **factory_kwargs))
             self.register_buffer("max_val", torch.tensor(-INF, **factory_kwargs))
 
-    # -- forward -------------------------------------------------------------------------------
-    def _axis(self, x: torch.Tensor) -> int | None:
-        return normalize_axis(self.ch_axis, x.ndim, name="ch_axis") if self.per_channel else None
+    per_channel = property(lambda self: self._PER_CHANNEL, doc="Whether ``ch_axis >= 0`` (per channel).")
 
-    def _range_state(self, x: torch.Tensor, axis: int | None) -> MinMaxState:
-        """The buffers as a state (a fresh one per channel before the first batch); ``ValueError`` when
-        ``x`` has another channel count than the buffers."""
-        min_val, max_val = self._buffers["min_val"], self._buffers["max_val"]
-        if axis is None:
-            return MinMaxState(min_val, max_val)
-        channels = x.shape[axis]
-        if min_val.numel() == 0:
-            return minmax_init(num_channels=channels, dtype=min_val.dtype, device=min_val.device, xp=_xpt)
-        check_channel_count(channels, tuple(min_val.shape), self.ch_axis)
-        return MinMaxState(min_val, max_val)
-
-    def _store(self, new: MinMaxState) -> None:
-        for name, value in zip(("min_val", "max_val"), new):
-            buf = self._buffers[name]
-            if buf.shape == value.shape:
-                buf.copy_(value)
-            else:
-                self._buffers[name] = value.to(buf.dtype)
-
-    def _observe(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> MinMaxState | None:
-        new, self.last_choice = _run(family.batch_update, state, x, axis=axis, config=self.config,
-                                     collective=self._collective())
-        return new
-
-    def forward(self, x_orig):
-        r"""Observes ``x`` (see the class docstring); returns ``x`` itself. Errors leave the buffers untouched."""
-        x = checked_input(x_orig, self._buffers["min_val"])
-        axis = self._axis(x)
-        if x.numel() == 0 and not self.sync:  # synced, an empty batch still takes part
-            return x_orig
-        new = self._observe(self._range_state(x, axis), x, axis)
-        if new is not None:
-            self._store(new)
-        return x_orig
+    def _compute_batch(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> tuple:
+        return _run(family.batch_update, state, x, axis=axis, config=self.config, collective=collective)
 
     # -- qparams and state ---------------------------------------------------------------------
     def calculate_qparams(self):  # type: ignore[override]
@@ -187,7 +152,7 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
-        if self.per_channel:  # N values into the empty (or other-sized) per-channel buffers
+        if self._PER_CHANNEL:  # N values into the empty (or other-sized) per-channel buffers
             for name in ("min_val", "max_val"):
                 value = state_dict.get(prefix + name)
                 buf = self._buffers[name]
@@ -201,7 +166,7 @@ class _CalibrationObserver(UniformQuantizationObserverBase):
         """Forget the averaged range (per channel, the channel count too)."""
         for name, value in (("min_val", INF), ("max_val", -INF)):
             buf = self._buffers[name]
-            if self.per_channel:
+            if self._PER_CHANNEL:
                 self._buffers[name] = torch.empty(0, dtype=buf.dtype, device=buf.device)
             else:
                 buf.fill_(value)
@@ -292,7 +257,7 @@ def _kl_step(state, acc, x, *, axis, config, update, collective, xp):
     return acc, (family.kl_update(state, acc, config=config, xp=xp) if update else None)
 
 
-class KLObserver(_CalibrationObserver):
+class KLObserver(_base.KLSteps, _CalibrationObserver):
     __doc__ = _base.KLObserver.__doc__
     _METHOD = "kl"
 
@@ -337,19 +302,18 @@ class KLObserver(_CalibrationObserver):
             return None
         return family.KLAccumulator(CalibHistogram(*values[:5]), MinMaxState(*values[5:]))
 
-    def _observe(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> MinMaxState | None:
-        channels = None if axis is None else x.shape[axis]
-        acc = self.accumulator
-        if acc is None:
-            acc = family.kl_init(channels, bins=self.config.bins, device=x.device, xp=_xpt)
-        family.check_accumulator_channels(acc, channels, self.ch_axis)
-        update = (self.num_steps + 1) % self.config.update_interval == 0
-        acc, new = _run(_kl_step, state, acc, x, axis=axis, config=self.config, update=update,
-                        collective=self._collective())
+    _read_accumulator = accumulator.fget
+
+    def _write_accumulator(self, acc: family.KLAccumulator) -> None:
         for name, value in zip(_ACC_BUFFERS, (*acc.hist, *acc.seen)):
             self._buffers[name] = value
-        self.num_steps += 1
-        return new
+
+    def _new_accumulator(self, x: torch.Tensor, num_channels: int | None) -> family.KLAccumulator:
+        return family.kl_init(num_channels, bins=self.config.bins, device=x.device, xp=_xpt)
+
+    def _kl_batch(self, state, acc, x, axis, kl_due, collective):
+        """Both steps in one :func:`_run` (one pass to NumPy views and back)."""
+        return _run(_kl_step, state, acc, x, axis=axis, config=self.config, update=kl_due, collective=collective)
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""``calculate_qparams(min_val, max_val)`` of the averaged KL range; before the first KL update a

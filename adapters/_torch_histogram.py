@@ -143,7 +143,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         self.upsample_rate = upsample_rate
 
     # -- state ---------------------------------------------------------------------------------------
-    def _state(self) -> HistogramState:
+    def _read_state(self) -> HistogramState:
         """The buffers as the core's float32 state (the buffers themselves when they are float32)."""
         buffers = self._buffers
         hist = buffers["histogram"]
@@ -164,7 +164,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         return merge_keys(states, self._SYNC_BUFFERS, fold_merge(lambda a, b: family.merge(config, a, b)),
                           wrap=lambda *v: HistogramState(*(t.float() for t in v)))  # fmt: skip
 
-    def _store(self, state: HistogramState) -> None:
+    def _write_state(self, state: HistogramState) -> None:
         buffers = self._buffers
         for name, value in zip(("histogram", "min_val", "max_val"), state):
             buffers[name].copy_(value)
@@ -175,27 +175,27 @@ class HistogramObserver(UniformQuantizationObserverBase):
         r"""Adds ``x`` to the running histogram (see the class docstring); returns ``x`` itself. Empty
         ``x``: nothing changes. Errors leave the buffers untouched. With ``sync``: every rank's ``x``
         (the range is agreed first, then the integer counts are summed; an empty ``x`` takes part)."""
-        hist = self._buffers["histogram"]
-        x = checked_input(x_orig, hist)
-        collective = self._collective()
-        if x.numel() == 0 and collective is None:
-            return x_orig
-        new, nonfinite = family.update_counting(self._config(), self._state(), x, collective=collective)
+        return self._observe_input(x_orig)
+
+    def _check_input(self, x_orig) -> torch.Tensor:
+        return checked_input(x_orig, self._buffers["histogram"])
+
+    def _observe(self, state: HistogramState, x: torch.Tensor, axis: None, collective) -> None:
+        new, nonfinite = family.update_counting(self._config(), state, x, collective=collective)
         if not self.ignore_nonfinite:  # torch's warning for +/-inf, ours for NaN (counted while binning)
             infs, nans = nonfinite.tolist()
             if nans:
-                warnings.warn(_NAN_WARNING, stacklevel=2)
+                warnings.warn(_NAN_WARNING, stacklevel=4)
             elif infs:
-                warnings.warn(_INF_WARNING, stacklevel=2)
-        self._store(new)
-        return x_orig
+                warnings.warn(_INF_WARNING, stacklevel=4)
+        self._write_state(new)
 
     def reset_histogram(self, x: torch.Tensor, min_val: torch.Tensor, max_val: torch.Tensor) -> None:
         r"""Sets ``min_val``/``max_val`` and ``histogram = histc(x, bins, min_val, max_val)`` (torch's first
         batch; values outside the range, NaN and inf are not counted). ``min_val <= max_val``, one value
         each, else ``ValueError`` with the buffers untouched."""
         x = checked_input(x, self._buffers["histogram"])
-        self._state()  # checks the buffer against bins
+        self._read_state()  # checks the buffer against bins
         bounds = []
         for name, value in (("min_val", min_val), ("max_val", max_val)):
             value = torch.as_tensor(value, device=x.device)
@@ -207,7 +207,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         lo_f, hi_f = torch.stack(bounds).tolist()
         if not (math.isfinite(lo_f) and math.isfinite(hi_f) and lo_f <= hi_f):
             raise ValueError(f"min_val={lo_f} and max_val={hi_f} must be finite with min_val <= max_val")
-        self._store(HistogramState(histogram(x, bins=self.bins, lo=lo, hi=hi, xp=_NS), lo, hi))
+        self._write_state(HistogramState(histogram(x, bins=self.bins, lo=lo, hi=hi, xp=_NS), lo, hi))
 
     # -- qparams -------------------------------------------------------------------------------------
     def _get_norm(self, delta_begin: torch.Tensor, delta_end: torch.Tensor, density: torch.Tensor) -> torch.Tensor:
@@ -218,20 +218,20 @@ class HistogramObserver(UniformQuantizationObserverBase):
     def _compute_quantization_error(self, next_start_bin: int, next_end_bin: int) -> float:
         r"""torch's helper: the L2 error of quantizing bins ``next_start_bin .. next_end_bin`` onto
         ``dst_nbins`` levels (:func:`observers_core.quantization_error`), as a Python float."""
-        state = self._state()
+        state = self._read_state()
         return float(quantization_error(*state, next_start_bin, next_end_bin, dst_nbins=self.dst_nbins, xp=_NS))
 
     def _non_linear_param_search(self) -> tuple[torch.Tensor, torch.Tensor]:
         r"""``(new_min, new_max)`` of torch's greedy L2 search over the histogram
         (:func:`observers_core.non_linear_param_search` with ``dst_nbins`` levels), as 0-d float32 tensors."""
-        state = self._state()
+        state = self._read_state()
         return non_linear_param_search(*state, dst_nbins=self.dst_nbins, xp=_NS)
 
     @torch.compiler.disable
     def calculate_qparams(self):  # type: ignore[override]
         r"""Scale and zero point of the searched range. Before any input: torch's warning and
         ``(tensor([1.]), tensor([0]))``; after a NaN input: a warning and a NaN scale."""
-        state = self._state()
+        state = self._read_state()
         lo, hi = torch.stack((state.min_val, state.max_val)).tolist()
         if lo == INF and hi == -INF:
             return self._calculate_qparams(self.min_val, self.max_val)  # torch's warning and defaults

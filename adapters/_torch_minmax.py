@@ -23,11 +23,10 @@ from .. import (
     validate_qmin_qmax,
 )
 from .._dtypes import parse_dtype
-from .._namespace import normalize_axis
 from .._qparams import UNINITIALIZED_WARNING
 from .._validate import INF, check_averaging_constant, check_bool, check_channel_count
 from ..families import minmax as minmax_family
-from ._array_observers import check_entry, check_minmax_entries, host_array
+from ._array_observers import ObserveLoop, check_entry, check_minmax_entries, host_array
 from ._torch_distributed import SyncMixin, mean_of_replicas
 from ._torch_pt2e import link_torchao, pt2e_observer
 
@@ -160,7 +159,7 @@ def checked_input(x_orig: Any, buffer: torch.Tensor) -> torch.Tensor:
 
 
 @pt2e_observer
-class UniformQuantizationObserverBase(SyncMixin, ObserverBase):
+class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
     r"""Common base of the observers that compute an affine/symmetric scale and zero point.
 
     Holds the configuration (``dtype``, ``qscheme``, ``reduce_range``, ``quant_min``/``quant_max``
@@ -170,6 +169,10 @@ class UniformQuantizationObserverBase(SyncMixin, ObserverBase):
     ``calculate_qparams``: affine ``s = max((max(x_max, 0) - min(x_min, 0)) / (Q_max - Q_min), eps)``,
     ``z = clamp(Q_min - round(min(x_min, 0) / s), Q_min, Q_max)``; symmetric
     ``s = max(max(-min(x_min, 0), max(x_max, 0)) / ((Q_max - Q_min) / 2), eps)``.
+
+    ``forward`` is the observe step every observer shares
+    (:class:`~observers_core.adapters._array_observers.ObserveLoop`) over the state's storage here: the
+    buffers ``min_val``/``max_val`` (empty before a per-channel observer's first batch).
 
     ``dtype`` and ``qscheme`` take torch's objects (``torch.qint8``, ``torch.per_tensor_affine``) or
     the core's names (``"qint8"``, ``"per_tensor_affine"``, :class:`~observers_core.QScheme`); the
@@ -302,11 +305,57 @@ class UniformQuantizationObserverBase(SyncMixin, ObserverBase):
     def _repr_suffix(self) -> str:
         return (", ignore_nonfinite=True" if self.ignore_nonfinite else "") + (", sync=True" if self.sync else "")
 
-    #: whether ``averaging_constant`` (an attribute of the moving-average classes) makes ``_update`` average
+    # -- the observe step's storage: the buffers ------------------------------------------------------
+    def forward(self, x_orig):
+        r"""Records ``x`` (with ``sync``, every rank's ``x``) in the statistics; returns ``x`` itself.
+        Errors leave the buffers untouched."""
+        return self._observe_input(x_orig)
+
+    def _check_input(self, x_orig) -> torch.Tensor:
+        return checked_input(x_orig, self._buffers["min_val"])
+
+    def _read_state(self) -> MinMaxState | None:
+        """The buffers as the state (``None``: the empty per-channel buffers before the first batch)."""
+        buffers = self._buffers  # one dict lookup instead of nn.Module.__getattr__ per access
+        min_val = buffers["min_val"]
+        return None if min_val.numel() == 0 else MinMaxState(min_val, buffers["max_val"])
+
+    def _new_state(self, x: torch.Tensor, channels: int | None) -> MinMaxState:
+        like = self._buffers["min_val"]
+        return minmax_init(num_channels=channels, dtype=like.dtype, device=like.device, xp=TORCH_XP)
+
+    def _check_fits(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> None:
+        if axis is not None:  # (the device is checked with the input)
+            check_channel_count(x.shape[axis], tuple(state.min_val.shape), self.ch_axis)
+
+    def _write_state(self, state: MinMaxState) -> None:
+        for name, value in zip(("min_val", "max_val"), state):
+            buffer = self._buffers[name]
+            if buffer.shape != value.shape:
+                buffer = self._resize_buffer(name, value.shape)
+            buffer.copy_(value)
+
+    def _resize_buffer(self, name: str, shape) -> torch.Tensor:
+        """The buffer ``name`` resized in place as torch does, or replaced by a new one (same dtype and
+        device) where its storage cannot be resized (pinned, shared or borrowed from NumPy)."""
+        buffer = self._buffers[name]
+        try:
+            buffer.resize_(shape)
+        except RuntimeError:
+            self._buffers[name] = buffer = torch.empty(shape, dtype=buffer.dtype, device=buffer.device)
+        return buffer
+
+    #: whether ``averaging_constant`` (an attribute of the moving-average classes) makes the update average
     _AVERAGING = False
 
-    def _update(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> MinMaxState:
-        """One step of the min/max family (:func:`observers_core.families.minmax.step`)."""
+    def _compute_update(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> MinMaxState:
+        """One step of the min/max family (:func:`observers_core.families.minmax.step`). Per channel the
+        channel axis is swapped to the front first, as torch does, so that the reduction visits the
+        elements in torch's order (which of -0.0 and 0.0 is the minimum depends on it)."""
+        if axis is not None and axis != 0:
+            dims = list(range(x.ndim))
+            dims[0], dims[axis] = axis, 0
+            x, axis = x.permute(dims), 0
         return minmax_family.step(
             state, x, axis=axis, averaging_constant=self.averaging_constant if self._AVERAGING else None,
             ignore_nonfinite=self.ignore_nonfinite, collective=collective, xp=TORCH_XP,
@@ -383,20 +432,6 @@ class MinMaxObserver(UniformQuantizationObserverBase):
         self.register_buffer("max_val", torch.tensor(-INF, **factory_kwargs))
         _check_symmetric_reduce_range(self)
 
-    def forward(self, x_orig):
-        r"""Records the running minimum and maximum of ``x`` (with ``sync``, of every rank's ``x``);
-        returns ``x`` itself."""
-        buffers = self._buffers  # one dict lookup instead of nn.Module.__getattr__ per access
-        min_val, max_val = buffers["min_val"], buffers["max_val"]
-        x = checked_input(x_orig, min_val)
-        collective = self._collective()
-        if x.numel() == 0 and collective is None:  # with a collective, an empty batch still takes part
-            return x_orig
-        new = self._update(MinMaxState(min_val, max_val), x, None, collective)
-        min_val.copy_(new.min_val)
-        max_val.copy_(new.max_val)
-        return x_orig
-
     def calculate_qparams(self):  # type: ignore[override]
         r"""Scale and zero point of the observed range."""
         return self._calculate_qparams(self.min_val, self.max_val)
@@ -463,6 +498,8 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
     (1 where ``s <= eps``), ``z = -x_min / s``.
     """
 
+    _PER_CHANNEL = True
+
     min_val: torch.Tensor
     max_val: torch.Tensor
 
@@ -503,49 +540,6 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
         self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
         self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
         _check_symmetric_reduce_range(self)
-
-    def forward(self, x_orig):
-        r"""Records the running per-channel minimum and maximum of ``x``; returns ``x`` itself."""
-        return self._forward(x_orig)
-
-    def _forward(self, x_orig):
-        buffers = self._buffers
-        min_val, max_val = buffers["min_val"], buffers["max_val"]
-        x = checked_input(x_orig, min_val)
-        collective = self._collective()
-        if x.numel() == 0 and collective is None:  # with a collective, an empty batch still takes part
-            return x_orig
-        axis = normalize_axis(self.ch_axis, x.ndim, name="ch_axis")
-        channels = x.shape[axis]
-        if axis != 0:
-            # Channels first by swapping the two axes, as torch does, so that the reduction visits the
-            # elements in torch's order (which of -0.0 and 0.0 is the minimum depends on it).
-            dims = list(range(x.ndim))
-            dims[0], dims[axis] = axis, 0
-            x = x.permute(dims)
-            axis = 0
-        if min_val.numel() == 0 or max_val.numel() == 0:
-            state = minmax_init(num_channels=channels, dtype=min_val.dtype, device=min_val.device, xp=TORCH_XP)
-        else:
-            check_channel_count(channels, tuple(min_val.shape), self.ch_axis)
-            state = MinMaxState(min_val, max_val)
-        new = self._update(state, x, axis, collective)
-        if min_val.shape != new.min_val.shape:
-            min_val = self._resize_buffer("min_val", new.min_val.shape)
-            max_val = self._resize_buffer("max_val", new.max_val.shape)
-        min_val.copy_(new.min_val)
-        max_val.copy_(new.max_val)
-        return x_orig
-
-    def _resize_buffer(self, name: str, shape) -> torch.Tensor:
-        """The buffer ``name`` resized in place as torch does, or replaced by a new one (same dtype and
-        device) where its storage cannot be resized (pinned, shared or borrowed from NumPy)."""
-        buffer = getattr(self, name)
-        try:
-            buffer.resize_(shape)
-        except RuntimeError:
-            setattr(self, name, torch.empty(shape, dtype=buffer.dtype, device=buffer.device))
-        return getattr(self, name)
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""Per-channel scales and zero points of the observed ranges."""

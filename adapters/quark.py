@@ -420,9 +420,9 @@ class _AccumulatedSearch(_QuarkMinMax, KLObserver):
                 return self._default_qparams(self.min_val)
         return super().calculate_qparams()
 
-    def _observe(self, state, x, axis):
-        super()._observe(state, x, axis)  # accumulates; update_interval is never reached
-        return self._searched_range()
+    def _observe(self, state, x, axis, collective):
+        super()._observe(state, x, axis, collective)  # accumulates; update_interval is never reached
+        self._write_state(self._searched_range())
 
     def _searched_range(self) -> MinMaxState:
         """The accumulated range clipped to ``[-amax, amax]``, ``amax`` searched on the accumulated histogram."""

@@ -191,3 +191,21 @@ def test_another_channel_count_gives_one_message_on_every_backend(name, kwargs):
     assert set(messages.values()) == {
         "x has 5 channels along ch_axis=1 but the observer holds 4; "
         "call reset_min_max_vals() to observe a different channel count"}, messages
+
+
+@pytest.mark.parametrize(("name", "kwargs"), PER_CHANNEL_CASES, ids=[n for n, _ in PER_CHANNEL_CASES])
+def test_an_empty_batch_is_a_no_op_on_every_backend(name, kwargs):
+    """An empty batch changes nothing and raises nothing on every backend, even one without the channel
+    axis: every framework's observers run one observe step, which skips empty data before it looks at
+    ``ch_axis`` (torch's calibration observers used to raise there, unlike the others)."""
+    for backend, (make, convert) in BACKENDS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            obs = make(name, kwargs)
+            obs(convert(BATCHES[0].copy()))
+            before = [np.asarray(getattr(obs, k), dtype=np.float64) for k in ("min_val", "max_val")]
+            empty = convert(np.zeros((0,), np.float32))
+            assert obs(empty) is empty, backend
+            after = [np.asarray(getattr(obs, k), dtype=np.float64) for k in ("min_val", "max_val")]
+        for a, b in zip(after, before):
+            np.testing.assert_array_equal(a, b, err_msg=backend)
