@@ -29,7 +29,7 @@ from array_api_compat import device as _device
 
 from ._collective import check_collective, reduce_range
 from ._compiled import (
-    calib_counts_kernel, gather_sums_kernel, host_view, kl_curve_kernel, kl_log_inputs_kernel, mse_level_errors_kernel,
+    calib_counts_kernel, gather_sums_kernel, grid_kernel, host_view, kl_curve_kernel, kl_log_inputs_kernel, mse_level_errors_kernel,
     mse_prepare_kernel, percentile_rows_kernel, pick_kernel, split_ranges, split_sum, threads,
 )
 from ._dtypes import QScheme, QuantSpec
@@ -1240,7 +1240,11 @@ def _grid(low: Array, high: Array, min_width: Array, bins: int, xp: Any) -> tupl
     ``w >= min_width``, ``w >= max(|low|, |high|) * 2**(2 - digits)`` (every ``x / w`` then has an exact
     integer part) and ``floor(high / w) - floor(low / w) < bins``; ``lo = floor(low / w) * w``.
     The range is capped to ``[-2**emax, 2**emax)`` (2**127 in float32) so the grid stays finite; values
-    beyond fall into the end bins. An empty range (``low > high``) gives ``(0, 0)``."""
+    beyond fall into the end bins. An empty range (``low > high``) gives ``(0, 0)``. Host NumPy arrays go
+    through :func:`_grid_host` (the same bits)."""
+    fast = _grid_host(low, high, min_width, bins, xp)
+    if fast is not None:
+        return fast
     dtype = low.dtype
     digits, emax = (53, 1023) if dtype == xp.float64 else (24, 127)
     smallest_normal = 2.0**-1022 if dtype == xp.float64 else 2.0**-126
@@ -1254,6 +1258,25 @@ def _grid(low: Array, high: Array, min_width: Array, bins: int, xp: Any) -> tupl
         width = xp.where(_floor_div(high, width, xp) - _floor_div(low, width, xp) >= bins, width * 2, width)
     lo = _floor_div(low, width, xp) * width
     return xp.where(empty, 0.0, lo), xp.where(empty, 0.0, width)
+
+
+def _grid_host(low: Array, high: Array, min_width: Array, bins: int, xp: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """:func:`_grid` of host NumPy float32/float64 rows (C,) by :func:`~observers_core._compiled.grid_kernel`:
+    one call instead of ~40 NumPy calls on C values. ``None`` where it does not apply (other arrays or dtypes,
+    kernels off, ``bins`` from 2**24, where the dtype's conversion of ``bins`` would round, a NaN bound)."""
+    if grid_kernel is None or not is_numpy_namespace(xp) or bins >= 1 << 24:
+        return None
+    views = [host_view(a, xp) for a in (low, high, min_width)]
+    if any(v is None for v in views) or views[0].ndim != 1 or views[0].dtype not in (np.float32, np.float64) or any(
+            v.dtype != views[0].dtype or v.shape != views[0].shape for v in views):
+        return None
+    t = views[0].dtype.type
+    digits, emax, smallest_normal = (53, 1023, 2.0**-1022) if t is np.float64 else (24, 127, 2.0**-126)
+    lo, width = np.empty_like(views[0]), np.empty_like(views[0])
+    if not grid_kernel(*views, t(bins), t(-(2.0**emax)), t(2.0**emax * (1 - 2.0**-digits)), t(2.0 ** (2 - digits)),
+                       t(smallest_normal), lo, width):
+        return None
+    return lo, width
 
 
 def _rebin(counts: Array, lo: Array, width: Array, new_lo: Array, new_width: Array, xp: Any) -> Array:

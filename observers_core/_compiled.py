@@ -41,6 +41,7 @@ __all__ = [
     "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
     # finite ranges and the calibration histogram
     "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_block_sums_kernel", "gather_sums_kernel",
+    "grid_kernel",
     "kl_curve_kernel", "kl_log_inputs_kernel", "mse_level_errors_kernel", "mse_prepare_kernel", "pairwise_blocks",
     "pairwise_combine", "pairwise_gather_sum", "pairwise_sum_kernel", "percentile_rows_kernel", "pick_kernel",
 ]  # fmt: skip
@@ -472,6 +473,53 @@ def calib_counts_kernel(x, absolute, lo, width, bins):  # pragma: no cover (comp
         for j in range(chunk.shape[0]):
             counts[idx[j]] += 1
     return counts[:bins]
+
+
+@kernel()
+def _floor_div_pow2(v, w, minus_one):  # pragma: no cover (compiled)
+    """:func:`_floor_div` of two scalars of one float type (``minus_one`` of that type)."""
+    q = v / w
+    return minus_one if q == 0 and v < 0 else np.floor(q)
+
+
+@kernel()
+def _np_maximum(a, b):  # pragma: no cover (compiled)
+    """``np.maximum`` of two scalars: NaN if either is NaN."""
+    return a if a >= b or a != a else b
+
+
+@kernel()
+def grid_kernel(low, high, min_width, bins, low_cap, high_cap, digits_scale, smallest, lo_out, width_out
+                ):  # pragma: no cover (compiled)
+    """:func:`_grid` of the 1-D float ``low``, ``high`` and ``min_width`` (one float type; ``bins`` and the
+    bounds ``-2**emax``, ``2**emax (1 - 2**-digits)``, ``2**(2 - digits)`` and the smallest normal number as
+    scalars of that type) into ``lo_out``/``width_out``: the array code's operations in that type, in its
+    order. The width is the smallest power of two ``>= need`` (``need`` is at least the smallest normal
+    number), from ``frexp``: the array code's ``log2`` with its corrections gives exactly that power of two,
+    and ``2 * 2**emax`` (infinite) for a ``need`` above ``2**emax`` (an infinite bound). Returns False where
+    a ``need`` is NaN (the array code's exponent table lookup then fails; it runs instead)."""
+    zero, two, minus_one = low.dtype.type(0), low.dtype.type(2), low.dtype.type(-1)
+    top = -low_cap  # 2**emax
+    for i in range(low.shape[0]):
+        lo, hi = low[i], high[i]
+        empty = not lo <= hi
+        lo = zero if empty else _np_maximum(lo, low_cap)
+        hi = zero if empty else (hi if hi <= high_cap or hi != hi else high_cap)  # np.minimum
+        need = _np_maximum(hi / bins - lo / bins, min_width[i])
+        need = _np_maximum(need, _np_maximum(_np_maximum(abs(lo), abs(hi)) * digits_scale, smallest))
+        if need != need:
+            return False
+        if need > top:
+            width = top * two
+        else:
+            mant, expo = math.frexp(np.float64(need))  # need = mant * 2**expo, 0.5 <= mant < 1
+            width = low.dtype.type(math.ldexp(1.0, expo - 1 if mant == 0.5 else expo))
+        for _ in range(2):
+            if _floor_div_pow2(hi, width, minus_one) - _floor_div_pow2(lo, width, minus_one) >= bins:
+                width = width * two
+        lo_out[i] = zero if empty else _floor_div_pow2(lo, width, minus_one) * width
+        width_out[i] = zero if empty else width
+    return True
 
 
 @kernel()

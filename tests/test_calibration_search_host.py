@@ -342,3 +342,54 @@ def test_pick_kernel_is_pick(monkeypatch):
             assert np.array_equal(_calibration._pick_host(obj, tol, None, ties, xp), expected), case
             expected = _calibration._pick(obj, lambda m: tol * m + slack[:, None], ties, xp)
             assert np.array_equal(_calibration._pick_host(obj, tol, slack, ties, xp), expected), case
+
+
+# ----------------------------------------------------------------------------------------------
+# The calibration histogram's grid (grid_kernel), run by every update of the KL and MSE observers
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the array code's, on infinite bounds)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_grid_host_is_bit_identical(dtype, monkeypatch):
+    """``_grid`` by the kernel against the array code on ranges and width bounds of every kind: random
+    magnitudes, powers of two, zeros of both signs, subnormals, values at the dtype's limits, infinities
+    and NaN (empty ranges, infinite widths; a NaN bound raises in both, from the exponent table)."""
+    rng = np.random.default_rng(19 + (dtype == np.float64))
+    specials = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1e-45, -1e-45, 2.0**127, 2.0**-126,
+                5e-39, 1e308, -1e308, 2.0**1023, 5e-324, 2.0**-1022]
+    for case in range(3000):
+        n = int(rng.integers(1, 6))
+
+        def values():
+            kind = rng.integers(4)
+            if kind == 0:
+                return np.asarray(rng.choice(specials, n))
+            if kind == 1:
+                return rng.standard_normal(n) * 10.0 ** rng.integers(-45, 39, n)
+            if kind == 2:
+                return np.exp2(rng.integers(-150, 150, n).astype(np.float64)) * rng.choice([1.0, -1.0], n)
+            return rng.standard_normal(n) * 10.0 ** rng.integers(-320, 308, n)
+
+        with np.errstate(all="ignore"):
+            low, high = values().astype(dtype), values().astype(dtype)
+            if case % 2:
+                low = np.minimum(low, high)
+            min_width = np.where(rng.random(n) < 0.5, 0.0, np.abs(values())).astype(dtype)
+            if case % 3 == 0:  # widths as the states hold them: powers of two
+                min_width = np.exp2(np.floor(np.log2(np.where(min_width > 0, min_width, 1.0)))).astype(dtype)
+        bins = int(rng.choice([2, 3, 7, 64, 512, 2048]))
+        got = []
+        for enabled in (False, True):
+            monkeypatch.setattr(_compiled, "ENABLED", enabled)
+            try:
+                lo, width = _calibration._grid(low, high, min_width, bins, xp)
+                got.append((lo.dtype, lo.tobytes(), width.tobytes()))
+            except IndexError:  # a NaN bound: the exponent table lookup fails in the array code
+                got.append("IndexError")
+        assert got[0] == got[1], (case, low, high, min_width, bins)
+    monkeypatch.setattr(_compiled, "ENABLED", True)
+    monkeypatch.setattr(_calibration, "grid_kernel", None)  # numba without the kernel: the array code
+    lo, width = _calibration._grid(np.asarray([0.0, 1.0], dtype), np.asarray([3.0, 0.5], dtype),
+                                   np.zeros(2, dtype), 512, xp)
+    assert lo.tolist() == [0.0, 0.0] and width.tolist() == [2.0**-7, 0.0]
