@@ -34,7 +34,6 @@ import numpy as np
 from observers_core._dtypes import FLOAT32_EPS
 from observers_core._minmax import MinMaxState
 from observers_core._mx import BlockScale
-from observers_core._namespace import size
 from observers_core._qparams import QParams
 from observers_core.families import lowbit as family
 from observers_core.families.lowbit import (
@@ -136,21 +135,19 @@ class LowBitObserver(StatefulObserver):
         ``axis_name=`` inside ``shard_map``/``pmap``) the batch statistics are every member's, merged
         elementwise (``x`` of one shape on every member; an empty ``x`` still takes part once the state
         exists)."""
-        x = self._check_input(x)
-        collective = self._backend.collective(collective, axis_name)
-        if collective is None and size(x) == 0:
-            return state
-        config = self._step_config
-        state = None if state is None or self.is_dynamic else MinMaxState(*state)
-        if state is not None:
-            self._backend.check_device(x, state.min_val)
-        else:
-            state = self._backend.identity_start(family.update, config, x)
-        return self._backend.run(family.update, config, state, x, collective=collective)
+        return super().update(state, x, collective=collective, axis_name=axis_name)
 
-    def _observe_input(self, x: Array) -> Array:
-        self._state = self.update(self._state, x)
-        return x
+    def _fitting_state(self, state: MinMaxState | None, x: Array, axis: None) -> MinMaxState | None:
+        """What the update starts from: ``state`` (on ``x``'s device), or for ``None`` and in dynamic mode
+        the backend's identity start (``None``; JAX: the identity, so every batch shares one compile)."""
+        if state is None or self.is_dynamic:
+            return self._backend.identity_start(family.update, self._step_config, x)
+        state = MinMaxState(*state)
+        self._backend.check_device(x, state.min_val)
+        return state
+
+    def _compute_update(self, state: MinMaxState | None, x: Array, axis: None, collective: Any = None) -> MinMaxState:
+        return self._backend.run(family.update, self._step_config, state, x, collective=collective)
 
     # -- qparams -------------------------------------------------------------------------------
     def qparams(self, state: MinMaxState) -> QParams | BlockScale:

@@ -146,9 +146,8 @@ class ObserveLoop:
             return None
         return normalize_axis(self.ch_axis, x.ndim, name="ch_axis")
 
-    def _fitting_state(self, x: Array, axis: int | None) -> Any:
-        """The current state (a fresh one before the first batch), checked against ``x``."""
-        state = self._read_state()
+    def _fitting_state(self, state: Any, x: Array, axis: int | None) -> Any:
+        """``state`` (a fresh one for ``None``: before the first batch), checked against ``x``."""
         if state is None:
             state = self._new_state(x, None if axis is None else x.shape[axis])
         self._check_fits(state, x, axis)
@@ -160,7 +159,7 @@ class ObserveLoop:
         if collective is None and size(x_arr) == 0:
             return x
         axis = self._channel_axis(x_arr)
-        self._observe(self._fitting_state(x_arr, axis), x_arr, axis, collective)
+        self._observe(self._fitting_state(self._read_state(), x_arr, axis), x_arr, axis, collective)
         return x
 
     def _observe(self, state: Any, x: Array, axis: int | None, collective: Any) -> None:
@@ -248,6 +247,18 @@ class StatefulObserver(ObserveLoop, ObserverBase):
 
     def _write_state(self, state: Any) -> None:
         self._state = state
+
+    def update(self, state: Any, x: Array, *, collective: Any = None, axis_name: Any = None) -> Any:
+        """Pure: the state after observing ``x`` (``state`` is not modified; ``None``: nothing seen yet);
+        an empty ``x`` returns ``state``. With a :class:`~observers_core.Collective` (JAX: ``axis_name=``
+        inside ``jax.shard_map``/``jax.pmap``; other backends refuse it) the batch is every member's and
+        an empty ``x`` still takes part. The stateful ``obs(x)`` is this step on the observer's state."""
+        x = self._check_input(x)
+        collective = self._backend.collective(collective, axis_name)
+        if collective is None and size(x) == 0:
+            return state
+        axis = self._channel_axis(x)
+        return self._compute_update(self._fitting_state(state, x, axis), x, axis, collective)
 
 
 class UniformQuantizationObserverBase(StatefulObserver):
@@ -373,13 +384,7 @@ class UniformQuantizationObserverBase(StatefulObserver):
         JAX: ``axis_name=`` inside ``jax.shard_map``/``jax.pmap`` over that axis does the same across the
         devices (:class:`~observers_core.adapters.jax.AxisCollective`); other backends refuse it.
         """
-        x = self._check_input(x)
-        collective = self._backend.collective(collective, axis_name)
-        if collective is None and size(x) == 0:
-            return state
-        axis = self._channel_axis(x)
-        self._check_fits(state, x, axis)
-        return self._compute_update(state, x, axis, collective)
+        return super().update(state, x, collective=collective, axis_name=axis_name)
 
     # -- qparams -------------------------------------------------------------------------------------
     def _compute_qparams(self, state: MinMaxState) -> QParams:

@@ -37,7 +37,7 @@ from observers_core.families import lowbit as lowbit_family
 from . import _array_lowbit as _base
 from observers_core._validate import check_bool
 
-from ._array_observers import check_entry
+from ._array_observers import ObserveLoop, check_entry
 from ._torch_distributed import SyncMixin
 from ._torch_minmax import TORCH_XP, ObserverBase, as_torch_entries, checked_input
 from ._torch_pt2e import link_torchao, pt2e_observer
@@ -68,7 +68,7 @@ def _dtype_name(dtype: Any) -> Any:
 
 
 @pt2e_observer
-class LowBitObserver(SyncMixin, ObserverBase):
+class LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
     r"""Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
 
     ``forward(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when
@@ -120,30 +120,38 @@ class LowBitObserver(SyncMixin, ObserverBase):
         self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
         self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
 
-    def _state(self) -> MinMaxState | None:
+    # -- the observe step (every framework's ObserveLoop) over the buffers -------------------------
+    def forward(self, x_orig):
+        r"""Records the statistics of ``x`` (static: merged with the previous ones; dynamic: alone);
+        returns ``x`` itself. Errors leave the buffers untouched."""
+        return self._observe_input(x_orig)
+
+    def _check_input(self, x_orig) -> torch.Tensor:
+        x = checked_input(x_orig, self._buffers["min_val"])
+        lowbit_family.check_axis(x, self.spec)
+        return x
+
+    def _read_state(self) -> MinMaxState | None:
+        """The buffers as the statistics; ``None`` while they are empty (nothing seen)."""
         buffers = self._buffers
         min_val, max_val = buffers["min_val"], buffers["max_val"]
         return None if min_val.numel() == 0 else MinMaxState(min_val, max_val)
 
-    def forward(self, x_orig):
-        r"""Records the statistics of ``x`` (static: merged with the previous ones; dynamic: alone);
-        returns ``x`` itself. Errors leave the buffers untouched."""
+    def _fitting_state(self, state: MinMaxState | None, x: torch.Tensor, axis: None) -> MinMaxState | None:
+        return None if self.is_dynamic else state  # the device is checked with the input
+
+    def _compute_update(self, state: MinMaxState | None, x: torch.Tensor, axis: None, collective) -> MinMaxState:
+        return lowbit_family.observe(state, x, spec=self.spec, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP,
+                                     collective=collective)  # fmt: skip
+
+    def _write_state(self, state: MinMaxState) -> None:
         buffers = self._buffers
-        min_val, max_val = buffers["min_val"], buffers["max_val"]
-        x = checked_input(x_orig, min_val)
-        lowbit_family.check_axis(x, self.spec)
-        collective = self._collective()
-        if x.numel() == 0 and collective is None:  # synced, an empty batch still takes part
-            return x_orig
-        state = None if self.is_dynamic else self._state()
-        new = lowbit_family.observe(state, x, spec=self.spec, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP,
-                                    collective=collective)
-        if state is None:
-            buffers["min_val"], buffers["max_val"] = new.min_val, new.max_val
-        else:
-            min_val.copy_(new.min_val)
-            max_val.copy_(new.max_val)
-        return x_orig
+        replace = self.is_dynamic or buffers["min_val"].numel() == 0  # then the statistics fix shape and dtype
+        for name, value in zip(("min_val", "max_val"), state):
+            if replace:
+                buffers[name] = value
+            else:
+                buffers[name].copy_(value)
 
     def convert(self, model, node):
         """Called by torchao's ``convert_pt2e`` in place of its lowering: refused, since torchao's PT2E
@@ -158,7 +166,7 @@ class LowBitObserver(SyncMixin, ObserverBase):
     def calculate_qparams(self):  # type: ignore[override]
         r"""``lowbit_qparams`` of the buffers, one entry per tensor / channel / group / block. Before any
         input: a warning and the qparams of one entry that has seen nothing (integers ``[1.], [0]``)."""
-        state = self._state()
+        state = self._read_state()
         if state is None:
             warnings.warn(lowbit_family.UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
             state = lowbit_family.unobserved_state(TORCH_XP, self.min_val.device)
@@ -167,7 +175,7 @@ class LowBitObserver(SyncMixin, ObserverBase):
     def fake_quantize(self, x_orig: torch.Tensor) -> torch.Tensor:
         r"""Quantize-dequantize ``x`` with :meth:`calculate_qparams` (``lowbit_fake_quantize``; ``x`` must
         fit the statistics' shape). Output dtype: ``x``'s floating dtype (float32 for integers)."""
-        state = self._state()
+        state = self._read_state()
         x = checked_input(x_orig, self.min_val)
         lowbit_family.check_axis(x, self.spec)
         if state is None:
