@@ -41,9 +41,9 @@ __all__ = [
     "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
     # finite ranges and the calibration histogram
     "abs_max_kernel", "calib_counts_kernel", "finite_range_kernel", "fq_block_sums_kernel", "gather_sums_kernel",
-    "grid_kernel",
-    "kl_curve_kernel", "kl_log_inputs_kernel", "mse_level_errors_kernel", "mse_prepare_kernel", "pairwise_blocks",
-    "pairwise_combine", "pairwise_gather_sum", "pairwise_sum_kernel", "percentile_rows_kernel", "pick_kernel",
+    "grid_kernel", "kl_curve_kernel", "kl_log_inputs_kernel", "mse_level_errors_kernel", "mse_prepare_kernel",
+    "pairwise_blocks", "pairwise_combine", "pairwise_gather_sum", "pairwise_sum_kernel", "percentile_rows_kernel",
+    "pick_kernel",
 ]  # fmt: skip
 
 AVAILABLE = numba is not None
