@@ -268,6 +268,7 @@ def test_percentile_fast_path_runs_where_exact(monkeypatch):
         statuses.extend(out[first:stop, 2].tolist())
 
     monkeypatch.setattr(_calibration, "percentile_rows_kernel", spy)
+    monkeypatch.setattr(_compiled, "ENABLED", True)  # (also under OBSERVERS_CORE_NO_NUMBA=1)
     e = np.linspace(0.0, 1.0, 2049)
     for h, status in ((np.arange(2048), 0), (np.arange(2048.0), 0), (np.arange(2048, dtype=np.float32), 0),
                       (np.arange(2048) + 0.5, 4), (np.full(2048, 2.0**50), 4), (np.full(2048, 2**40), 4)):

@@ -325,6 +325,7 @@ def test_mse_host_path_leaves_the_rest_to_the_array_code(bad, monkeypatch):
 
 def test_pick_kernel_is_pick(monkeypatch):
     """The compiled pick against ``_pick`` on curves with ties, infinities and NaN."""
+    monkeypatch.setattr(_compiled, "ENABLED", True)  # (also under OBSERVERS_CORE_NO_NUMBA=1)
     rng = np.random.default_rng(18)
     for case in range(300):
         k = int(rng.integers(1, 40))
