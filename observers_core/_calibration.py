@@ -433,13 +433,17 @@ def _kl_strict_host(b: Array, key: tuple, xp: Any) -> np.ndarray | None:
     cand = _kl_tables(*key)[0]
     first, end, group_range, last_range = _kl_ranges(*key)
     channels, bins = counts.shape
-    cs, nonzero = np.empty((channels, bins + 1)), np.empty((channels, first.size), dtype=np.int64)
-    args = np.empty((channels, first.size + bins + 2 * cand.size + 1))
-    if not kl_log_inputs_kernel(counts, first, end, cand, float(np.finfo(np.float64).tiny), cs, nonzero, args):
-        return None
+    width = first.size + bins + 2 * cand.size + 1
     out = np.empty((channels, cand.size))
-    kl_curve_kernel(counts, cs, first, end, group_range, last_range, cand, key[3], nonzero, _log_counts(bins),
-                    np.log(args), out)
+    step = max(1, _CHUNK_ELEMENTS // width)  # channels at a time, bounding the temporaries as the array code does
+    for c in range(0, channels, step):
+        rows = counts[c : c + step]
+        cs, nonzero = np.empty((rows.shape[0], bins + 1)), np.empty((rows.shape[0], first.size), dtype=np.int64)
+        args = np.empty((rows.shape[0], width))
+        if not kl_log_inputs_kernel(rows, first, end, cand, float(np.finfo(np.float64).tiny), cs, nonzero, args):
+            return None
+        kl_curve_kernel(rows, cs, first, end, group_range, last_range, cand, key[3], nonzero, _log_counts(bins),
+                        np.log(args), out[c : c + step])
     return out
 
 

@@ -1,9 +1,10 @@
 """The host fast paths of the calibration searches (issue 12: the KL and MSE searches run on every forward of
 the calibration observers) against the array-API code, bit for bit: the strict KL curve by two compiled
-kernels around one ``np.log`` (``_kl_strict_host``), on random and adversarial histograms (all zeros, one
-non-zero bin, counts of 1e15, empty tails, 512 to 4096 bins, per channel, strides, flatten_first_bin on and
-off), compared with the NumPy array code (kernels off), with array_api_strict, and with the kernels missing
-(numba not installed)."""
+kernels around one ``np.log`` (``_kl_strict_host``), the MSE search's inputs in one kernel (``_mse_host``),
+the picks (``_pick_host``) and the histogram grid (``_grid_host``), on random and adversarial inputs (all
+zeros, one non-zero bin, counts of 1e15, empty tails, 128 to 4096 bins, per channel, strides,
+flatten_first_bin on and off, edges of every kind), compared with the NumPy array code (kernels off), with
+array_api_strict, and with the new kernels missing (numba without them: the code as before)."""
 
 from __future__ import annotations
 
@@ -87,9 +88,14 @@ def test_kl_host_curve_is_bit_identical(monkeypatch):
     for case, h, kwargs in _kl_cases(rng):
         bins = h.shape[-1]
         edges = np.linspace(0.0, float(rng.uniform(0.1, 50.0)), bins + 1)
+        # every other case a channel at a time (the host path's chunks, as the array code's, bound memory)
+        chunk = 1000 if case % 2 else 1 << 22
+        monkeypatch.setattr(_calibration, "_CHUNK_ELEMENTS", chunk)
+        key = (bins, kwargs.get("start_bin", kwargs["num_levels"]), kwargs["stride"], kwargs["num_levels"])
+        width = _calibration._kl_ranges(*key)[0].size + bins + 2 * _calibration._kl_tables(*key)[0].size + 1
         calls.clear()
         array_path, fast, missing = _curves(h, edges, kwargs, monkeypatch)
-        assert calls == [1], case  # the fast path ran (once: the other two runs are the array code)
+        assert calls == [1] * -(-h.shape[0] // max(1, chunk // width)), case  # the fast path ran, once per chunk
         assert array_path.tobytes() == fast.tobytes() == missing.tobytes(), (case, kwargs)
         for ties in ("first", "last"):
             picks = []
@@ -113,10 +119,12 @@ def test_kl_host_curve_equals_array_api_strict(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the array code's, on invalid counts)
+@pytest.mark.parametrize("chunk", [1000, 1 << 22])
 @pytest.mark.parametrize("bad", ["negative", "nan", "inf", "overflow"])
-def test_kl_host_path_leaves_invalid_counts_to_the_array_code(bad, monkeypatch):
+def test_kl_host_path_leaves_invalid_counts_to_the_array_code(bad, chunk, monkeypatch):
     """Negative or non-finite counts (``check=False``) and totals from 2**1000 take the array code, whose
-    result they then are (NaN thresholds included)."""
+    result they then are (NaN thresholds included), also where they are met in a later chunk of channels."""
+    monkeypatch.setattr(_calibration, "_CHUNK_ELEMENTS", chunk)
     calls = []
     kernel = _compiled.kl_curve_kernel
     monkeypatch.setattr(_calibration, "kl_curve_kernel", lambda *a: calls.append(1) or kernel(*a))
@@ -128,7 +136,7 @@ def test_kl_host_path_leaves_invalid_counts_to_the_array_code(bad, monkeypatch):
         monkeypatch.setattr(_compiled, "ENABLED", enabled)
         got.append(np.asarray(kl_divergences(h, edges, check=False, xp=xp).objective).tobytes())
         got.append(np.asarray(kl_threshold(h, edges, check=False, xp=xp)).tobytes())
-    assert calls == [] and got[0] == got[2] and got[1] == got[3]
+    assert calls == [1, 1] * (chunk == 1000) and got[0] == got[2] and got[1] == got[3]
     calls.clear()
     assert np.asarray(kl_divergences(h[:1], edges, check=False, xp=xp).objective).shape == (1, 385)
     assert calls == [1]  # the valid row alone takes the kernels
