@@ -29,7 +29,7 @@ from array_api_compat import device as _device
 
 from ._collective import check_collective, reduce_range
 from ._compiled import (
-    calib_counts_kernel, gather_sums_kernel, grid_kernel, host_view, kl_curve_kernel, kl_log_inputs_kernel, mse_level_errors_kernel,
+    calib_counts_kernel, gather_sums_kernel, grid_kernel, host_arrays, host_view, kl_curve_kernel, kl_log_inputs_kernel, mse_level_errors_kernel,
     mse_prepare_kernel, percentile_rows_kernel, pick_kernel, split_ranges, split_sum, threads,
 )
 from ._dtypes import QScheme, QuantSpec
@@ -48,7 +48,6 @@ from ._namespace import (
     from_host,
     index_dtype,
     is_jax_namespace,
-    is_numpy_namespace,
     is_traced,
     midpoint,
     read_flags,
@@ -260,11 +259,10 @@ def _pick_host(objective: Array, tol: float, slack: np.ndarray | None, ties: str
     """:func:`_pick` of a host float64 NumPy ``objective`` (C, K) by :func:`~observers_core._compiled.pick_kernel`
     (the same comparisons, one call instead of ten), with the slack ``tol`` (``slack`` None, KL's) or
     ``tol * best + slack[c]`` (MSE's); ``None`` where it does not apply (kernels off, other arrays)."""
-    if pick_kernel is None or not is_numpy_namespace(xp):
+    views = host_arrays(pick_kernel, xp, objective, dtype=np.float64)
+    if views is None or views[0].ndim != 2 or views[0].shape[1] == 0:
         return None
-    values = host_view(objective, xp)
-    if values is None or values.dtype != np.float64 or values.ndim != 2 or values.shape[1] == 0:
-        return None
+    values = views[0]
     out = np.empty(values.shape[0], dtype=np.int64)
     relative = slack is not None
     pick_kernel(np.ascontiguousarray(values), float(tol), slack if relative else np.zeros(values.shape[0]), relative,
@@ -386,7 +384,7 @@ def _kl_strict(b: Array, key: tuple, xp: Any, device: Any) -> Array:
         # log(G / n) where G > 0 (then n >= 1); an empty group's term G log(...) is 0 * finite.
         log_q = xp.log(clamp(g_count, tiny, None, xp)) - xp.log(clamp(g_nonzero, 1.0, None, xp))
         terms = g_count * log_q
-        if is_numpy_namespace(xp) and terms.dtype == xp.float64 and host_view(terms, xp) is not None:
+        if host_arrays(gather_sums_kernel, xp, terms, dtype=np.float64) is not None:
             sum_glog = gather_sums_kernel(terms, group_range, levels)  # NumPy's sums, no (C, K, levels) temporary
         else:
             sum_glog = xp.sum(xp.reshape(_take_shared(terms, group_range, xp), (-1, count, levels)), axis=-1)
@@ -424,12 +422,10 @@ def _kl_strict_host(b: Array, key: tuple, xp: Any) -> np.ndarray | None:
     taken of the same values in contiguous arrays, the logs of the non-empty bin counts from a table), so the
     same bits, in a few calls instead of ~100 NumPy calls. ``None`` where it does not apply (other namespaces
     or dtypes, kernels off, a negative or non-finite count, a total from 2**1000): the array code runs."""
-    if kl_curve_kernel is None or not is_numpy_namespace(xp) or b.dtype != np.float64:
+    views = host_arrays(kl_curve_kernel, xp, b, dtype=np.float64)
+    if views is None:
         return None
-    counts = host_view(b, xp)
-    if counts is None:
-        return None
-    counts = np.ascontiguousarray(counts)
+    counts = np.ascontiguousarray(views[0])
     cand = _kl_tables(*key)[0]
     first, end, group_range, last_range = _kl_ranges(*key)
     channels, bins = counts.shape
@@ -898,12 +894,10 @@ def _mse_host(h: _Hist, cand: np.ndarray, spec: QuantSpec, levels: int, xp: Any
     :func:`~observers_core._compiled.mse_level_errors_kernel`, the array code's float64 operations in its order
     (the same bits). ``None`` where it does not apply (other namespaces, kernels off, one level, an edge not
     finite, ``max |edges|`` subnormal, counts whose prefix sums are not integers below 2**62)."""
-    if mse_prepare_kernel is None or levels <= 1 or not is_numpy_namespace(xp) or h.dtype != xp.float64:
+    views = host_arrays(mse_prepare_kernel, xp, h.counts)
+    if views is None or levels <= 1 or h.dtype != xp.float64:
         return None
-    counts = host_view(h.counts, xp)
-    if counts is None:
-        return None
-    counts = np.ascontiguousarray(counts, dtype=np.float64)
+    counts = np.ascontiguousarray(views[0], dtype=np.float64)
     edges = h.out_edges[:1] if h.out_edges.strides[0] == 0 else h.out_edges  # (shared edges: one row)
     edges = np.ascontiguousarray(edges, dtype=np.float64)
     channels, bins = counts.shape
@@ -1268,10 +1262,8 @@ def _grid_host(low: Array, high: Array, min_width: Array, bins: int, xp: Any) ->
     """:func:`_grid` of host NumPy float32/float64 rows (C,) by :func:`~observers_core._compiled.grid_kernel`:
     one call instead of ~40 NumPy calls on C values. ``None`` where it does not apply (other arrays or dtypes,
     kernels off, ``bins`` from 2**24, where the dtype's conversion of ``bins`` would round, a NaN bound)."""
-    if grid_kernel is None or not is_numpy_namespace(xp) or bins >= 1 << 24:
-        return None
-    views = [host_view(a, xp) for a in (low, high, min_width)]
-    if any(v is None for v in views) or views[0].ndim != 1 or views[0].dtype not in (np.float32, np.float64) or any(
+    views = host_arrays(grid_kernel, xp, low, high, min_width)
+    if views is None or bins >= 1 << 24 or views[0].ndim != 1 or views[0].dtype not in (np.float32, np.float64) or any(
             v.dtype != views[0].dtype or v.shape != views[0].shape for v in views):
         return None
     t = views[0].dtype.type

@@ -34,8 +34,8 @@ except ImportError:  # optional: the array-API code runs instead
     numba = None
 
 __all__ = [
-    "ENABLED", "AVAILABLE", "fma", "host_scalar", "host_view", "kernel", "numba", "numpy_views", "split_ranges",
-    "split_sum", "threads",
+    "ENABLED", "AVAILABLE", "fma", "host_arrays", "host_scalar", "host_view", "kernel", "numba", "numpy_views",
+    "split_ranges", "split_sum", "threads",
     # histogram and L2-search kernels
     "cascade_kernel", "clip_kernel", "counts_kernel", "cumsum32_kernel", "end_steps_kernel", "errors_kernel",
     "floor_div_kernel", "linspace_kernel", "rebin_kernel", "sum32_kernel",
@@ -94,6 +94,19 @@ def host_view(x: Array, xp: Any) -> np.ndarray | None:
         except (RuntimeError, TypeError):
             return None
     return None
+
+
+def host_arrays(kernel: Callable | None, xp: Any, *arrays: Array, dtype: Any = None) -> tuple[np.ndarray, ...] | None:
+    """The NumPy arrays a compiled host path of the core takes, or ``None`` where the array code runs
+    instead: ``kernel`` missing (no numba), kernels disabled, a namespace other than NumPy's (such a path
+    returns NumPy arrays; the torch adapters hand CPU tensors to the core as NumPy views), or an array
+    not of ``dtype`` (when given)."""
+    if kernel is None or not ENABLED or not is_numpy_namespace(xp):
+        return None
+    views = tuple(np.asarray(a) for a in arrays)
+    if dtype is not None and any(v.dtype != dtype for v in views):
+        return None
+    return views
 
 
 def numpy_views(xp: Any, *arrays: Array) -> tuple[np.ndarray, ...] | None:
