@@ -211,6 +211,15 @@ def minmax_update(
     return MinMaxState(xp.minimum(lo, state.min_val), xp.maximum(hi, state.max_val))
 
 
+def never_updated(state: MinMaxState, xp: Any) -> Array:
+    """Where the state is exactly ``(+inf, -inf)``, torch's test of "never updated" (an average can
+    overflow to ``min = +inf`` with a finite max, or cross min and max: neither is fresh, so
+    ``min - max == inf`` would be wrong), as ``minimum(min, -max) == inf`` (NaN gives False). Written
+    ``(min == inf) & (max == -inf)`` it made torch's 4k-element moving-average forward measurably slower
+    (benchmarks/bench_minmax.py; these tiny tensors cost per operation, not per element)."""
+    return xp.minimum(state.min_val, -state.max_val) == INF
+
+
 def moving_average_update(
     state: MinMaxState,
     x: Array,
@@ -234,9 +243,7 @@ def moving_average_update(
     if check_collective(collective) is None and size(x) == 0:
         return state
     lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp, collective)
-    # Never updated: exactly (+inf, -inf), torch's test (an average can overflow to min = +inf with a
-    # finite max, or cross min and max: neither is fresh; min - max == inf would take both for fresh).
-    fresh = (state.min_val == INF) & (state.max_val == -INF)
+    fresh = never_updated(state, xp)
     c = float(averaging_constant)
     with discarded_invalid(xp):  # fresh entries compute inf - inf, replaced by the batch range
         new_min = xp.where(fresh, lo, state.min_val + rounded(c * (lo - state.min_val), xp))
@@ -260,8 +267,7 @@ def moving_average_merge(a: MinMaxState, b: MinMaxState, /, *, xp: Any = None) -
     number of steps, as a synchronised all-reduce does), with no overflow near the dtype's maximum
     (:func:`~observers_core._namespace.midpoint`); an entry that has seen nothing takes the other's value."""
     xp = array_namespace(a.min_val, b.min_val, xp=xp)
-    a_fresh = (a.min_val == INF) & (a.max_val == -INF)
-    b_fresh = (b.min_val == INF) & (b.max_val == -INF)
+    a_fresh, b_fresh = never_updated(a, xp), never_updated(b, xp)
 
     def mean(u: Array, v: Array) -> Array:
         both = xp.where(a_fresh | b_fresh, xp.zeros_like(u), midpoint(u, v, xp))
