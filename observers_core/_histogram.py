@@ -35,6 +35,7 @@ from ._namespace import (
     is_jax_namespace,
     is_numpy_namespace,
     is_torch_namespace,
+    on_host,
     scalar_like,
     size,
 )
@@ -182,7 +183,7 @@ def _histc_range(lo: Array, hi: Array, data_lo: Array, data_hi: Array, xp: Any) 
 def _finite_range(xf: Array, xp: Any) -> tuple[Array, Array]:
     """``(min, max)`` of the finite values of 1-D ``xf`` (``(+inf, -inf)`` if none), one kernel per
     namespace; in host memory a plain min and max first, which is the answer when both are finite."""
-    if _on_host(xf, xp):
+    if on_host(xf, xp):
         lo, hi = aminmax(xf, xp=xp)  # the common case first: all finite (a free host check here)
         if math.isfinite(float(lo)) and math.isfinite(float(hi)):
             return lo, hi
@@ -341,12 +342,6 @@ def _numpy_namespace() -> Any:
     return array_api_compat.numpy
 
 
-def _on_host(x: Array, xp: Any) -> bool:
-    """Whether ``x`` is an eager array in host memory (NumPy, torch CPU), where a data-dependent branch
-    costs nothing and saves computing the branches not taken."""
-    return is_numpy_namespace(xp) or (is_torch_namespace(xp) and x.device.type == "cpu")
-
-
 def _point_mass(hist: Array, c: Array, new_min: Array, new_max: Array, xp: Any) -> Array:
     """``sum(hist)`` in the bin of the single value ``c`` on ``[new_min, new_max]`` (``torch.histc(c) *
     sum``), zeros elsewhere."""
@@ -362,7 +357,7 @@ def _to_range(state: HistogramState, new_min: Array, new_max: Array, up: int, xp
     empty = (old_min == INF) | (old_max == -INF)
     same = (old_min == new_min) & (old_max == new_max)
     point = (old_min == old_max) & ~same
-    if _on_host(hist, xp):  # eager, and reading a flag is free: compute only the branch taken
+    if on_host(hist, xp):  # eager, and reading a flag is free: compute only the branch taken
         if bool(empty):
             return xp.zeros_like(hist)
         if bool(same):

@@ -24,6 +24,7 @@ from ._namespace import (
     is_torch_namespace,
     midpoint,
     normalize_axis,
+    on_host,
     rounded,
     scalar_like,
     size,
@@ -243,11 +244,22 @@ def moving_average_update(
     if check_collective(collective) is None and size(x) == 0:
         return state
     lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp, collective)
-    fresh = never_updated(state, xp)
     c = float(averaging_constant)
+    branch = fresh = None
+    if state.min_val.ndim == 0 and on_host(state.min_val, xp):  # eager host data (NumPy, torch CPU), per
+        # tensor: decide on the host and compute only the branch taken, as torch.ao does
+        branch = "fresh" if float(state.min_val) == INF and float(state.max_val) == -INF else "average"
+    else:
+        fresh = never_updated(state, xp)
     with discarded_invalid(xp):  # fresh entries compute inf - inf, replaced by the batch range
-        new_min = xp.where(fresh, lo, state.min_val + rounded(c * (lo - state.min_val), xp))
-        new_max = xp.where(fresh, hi, state.max_val + rounded(c * (hi - state.max_val), xp))
+        if branch == "fresh":
+            new_min, new_max = lo, hi
+        elif branch == "average":
+            new_min = state.min_val + c * (lo - state.min_val)
+            new_max = state.max_val + c * (hi - state.max_val)
+        else:
+            new_min = xp.where(fresh, lo, state.min_val + rounded(c * (lo - state.min_val), xp))
+            new_max = xp.where(fresh, hi, state.max_val + rounded(c * (hi - state.max_val), xp))
     if ignore_nonfinite or collective is not None:  # (+inf, -inf): no finite value, or every batch empty
         seen = ~((lo == INF) & (hi == -INF))
         new_min = xp.where(seen, new_min, state.min_val)

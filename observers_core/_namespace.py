@@ -117,6 +117,12 @@ def check_real(x: Array, xp: Any, *, name: str = "x") -> None:
         raise TypeError(f"{name} must hold real floating or integer values, got dtype {x.dtype}")
 
 
+def on_host(x: Array, xp: Any) -> bool:
+    """Whether ``x`` is an eager array in host memory (NumPy, torch CPU), where a data-dependent branch
+    costs nothing and saves computing the branches not taken."""
+    return is_numpy_namespace(xp) or (is_torch_namespace(xp) and x.device.type == "cpu")
+
+
 def check_same_device(x: Array, state: Array, xp: Any, *, name: str = "x") -> None:
     """``ValueError`` unless ``x`` is on the device of ``state`` (an array of the running state), for the
     eager GPU frameworks (torch, CuPy), whose own error for mixed devices names neither argument."""
