@@ -682,21 +682,24 @@ def pairwise_blocks(n):  # pragma: no cover (compiled)
 
 
 @kernel()
-def pairwise_combine(block_sums, n):  # pragma: no cover (compiled)
-    """NumPy's sum of ``n`` values from the sums of its :func:`pairwise_blocks`, in order: each pair of
-    halves added as ``left + right``, as ``pairwise_sum`` does."""
-    if n <= 128:
-        return block_sums[0]
-    sizes = np.empty(64, dtype=np.int64)
-    phase = np.zeros(64, dtype=np.int64)
-    sums = np.empty(64, dtype=np.float64)
-    depth, filled, taken = 0, 0, 0
-    sizes[0] = n
+def _pairwise_walk(a, block_sums, n, sizes, phase, sums):  # pragma: no cover (compiled)
+    """NumPy's float64 sum of ``n`` values in its pairwise order (``pairwise_sum``: above 128 values it
+    adds the sums of the halves ``n2 = n // 2 - (n // 2) % 8`` and ``n - n2``), the halves visited depth
+    first, left first. A block of at most 128 values is :func:`_pairwise_block` of ``a`` where ``a`` holds
+    the values, else the next entry of ``block_sums`` (the sums of :func:`pairwise_blocks`, in order).
+    ``sizes``, ``phase`` (int64) and ``sums`` (float64), at least 64 long each, are scratch."""
+    depth, filled, taken, offset = 0, 0, 0, 0
+    sizes[0], phase[0] = n, 0
     while depth >= 0:
         m = sizes[depth]
         if m <= 128:  # a block: its sum goes on the value stack
-            sums[filled] = block_sums[taken]
-            filled, taken, depth = filled + 1, taken + 1, depth - 1
+            if a.shape[0] > 0:
+                sums[filled] = _pairwise_block(a[offset:offset + m])
+                offset += m
+            else:
+                sums[filled] = block_sums[taken]
+                taken += 1
+            filled, depth = filled + 1, depth - 1
         elif phase[depth] == 2:  # both halves done
             filled -= 1
             sums[filled - 1] = sums[filled - 1] + sums[filled]
@@ -711,17 +714,23 @@ def pairwise_combine(block_sums, n):  # pragma: no cover (compiled)
 
 
 @kernel()
+def pairwise_combine(block_sums, n):  # pragma: no cover (compiled)
+    """NumPy's sum of ``n`` values from the sums of its :func:`pairwise_blocks`, in order: each pair of
+    halves added as ``left + right``, as ``pairwise_sum`` does."""
+    if n <= 128:
+        return block_sums[0]
+    return _pairwise_walk(block_sums[:0], block_sums, n, np.empty(64, dtype=np.int64), np.empty(64, dtype=np.int64),
+                          np.empty(64, dtype=np.float64))
+
+
+@kernel()
 def pairwise_sum_kernel(a):  # pragma: no cover (compiled)
-    """``np.sum`` of a contiguous 1-D float64 array, bit for bit: the sums of its :func:`pairwise_blocks`
-    added by :func:`pairwise_combine`."""
+    """``np.sum`` of a contiguous 1-D float64 array, bit for bit (:func:`_pairwise_walk`)."""
     n = a.shape[0]
     if n <= 128:
         return _pairwise_block(a)
-    blocks = pairwise_blocks(n)
-    sums = np.empty(blocks.shape[0], dtype=np.float64)
-    for b in range(blocks.shape[0]):
-        sums[b] = _pairwise_block(a[blocks[b, 0]:blocks[b, 0] + blocks[b, 1]])
-    return pairwise_combine(sums, n)
+    return _pairwise_walk(a, a[:0], n, np.empty(64, dtype=np.int64), np.empty(64, dtype=np.int64),
+                          np.empty(64, dtype=np.float64))
 
 
 @kernel()
@@ -743,59 +752,15 @@ def gather_sums_kernel(values, index, length):  # pragma: no cover (compiled)
 
 
 @kernel()
-def _pairwise_gather_block(values, index, start, n):  # pragma: no cover (compiled)
-    """:func:`_pairwise_block` of ``values[index[start:start + n]]`` (``n <= 128``), gathered as it goes."""
-    if n < 8:
-        res = 0.0
-        for i in range(n):
-            res += values[index[start + i]]
-        return res
-    r0, r1 = values[index[start]], values[index[start + 1]]
-    r2, r3 = values[index[start + 2]], values[index[start + 3]]
-    r4, r5 = values[index[start + 4]], values[index[start + 5]]
-    r6, r7 = values[index[start + 6]], values[index[start + 7]]
-    stop = n - n % 8
-    for i in range(start + 8, start + stop, 8):
-        r0 += values[index[i]]
-        r1 += values[index[i + 1]]
-        r2 += values[index[i + 2]]
-        r3 += values[index[i + 3]]
-        r4 += values[index[i + 4]]
-        r5 += values[index[i + 5]]
-        r6 += values[index[i + 6]]
-        r7 += values[index[i + 7]]
-    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-    for i in range(start + stop, start + n):
-        res += values[index[i]]
-    return res
-
-
-@kernel()
-def pairwise_gather_sum(values, index, start, n, sizes, phase, sums):  # pragma: no cover (compiled)
-    """``np.sum(values[index[start:start + n]])`` (float64, bit for bit: :func:`pairwise_sum_kernel`'s order)
-    without a gathered copy or allocations: ``sizes``, ``phase`` (int64) and ``sums`` (float64), at least 64
-    long each, are scratch. The halves are visited depth first, left first, as :func:`pairwise_combine` does,
-    each block of at most 128 values summed by :func:`_pairwise_gather_block` when reached."""
+def pairwise_gather_sum(values, index, start, n, run, sizes, phase, sums):  # pragma: no cover (compiled)
+    """``np.sum(values[index[start:start + n]])`` (float64, bit for bit) without allocations: the values
+    gathered into the scratch ``run`` (at least ``n`` long), then :func:`_pairwise_walk` (``sizes``,
+    ``phase``, ``sums``: its scratch)."""
+    for i in range(n):
+        run[i] = values[index[start + i]]
     if n <= 128:
-        return _pairwise_gather_block(values, index, start, n)
-    depth, filled, offset = 0, 0, start
-    sizes[0], phase[0] = n, 0
-    while depth >= 0:
-        m = sizes[depth]
-        if m <= 128:  # a block: its sum goes on the value stack
-            sums[filled] = _pairwise_gather_block(values, index, offset, m)
-            filled, offset, depth = filled + 1, offset + m, depth - 1
-        elif phase[depth] == 2:  # both halves done
-            filled -= 1
-            sums[filled - 1] = sums[filled - 1] + sums[filled]
-            depth -= 1
-        else:
-            half = m // 2 - (m // 2) % 8
-            phase[depth] += 1
-            sizes[depth + 1] = half if phase[depth] == 1 else m - half
-            phase[depth + 1] = 0
-            depth += 1
-    return sums[0]
+        return _pairwise_block(run[:n])
+    return _pairwise_walk(run[:n], run[:0], n, sizes, phase, sums)
 
 
 @kernel()
@@ -866,6 +831,7 @@ def kl_curve_kernel(b, cs, first, end, group_range, last_range, cand, levels, no
     sizes = np.empty(64, dtype=np.int64)
     phase = np.empty(64, dtype=np.int64)
     sums = np.empty(64, dtype=np.float64)
+    run = np.empty(levels, dtype=np.float64)
     for c in range(channels):
         row, s, lg, nz = b[c], cs[c], logs[c], nonzero[c]
         for u in range(ranges):
@@ -881,7 +847,7 @@ def kl_curve_kernel(b, cs, first, end, group_range, last_range, cand, levels, no
         safe_total = total if total > 0.0 else 1.0
         log_total = lg[base + 2 * count]
         for k in range(count):
-            sum_glog = pairwise_gather_sum(terms, group_range, k * levels, levels, sizes, phase, sums)
+            sum_glog = pairwise_gather_sum(terms, group_range, k * levels, levels, run, sizes, phase, sums)
             i = cand[k]
             kept = s[i]
             tail = total - kept

@@ -215,9 +215,7 @@ def minmax_update(
 def never_updated(state: MinMaxState, xp: Any) -> Array:
     """Where the state is exactly ``(+inf, -inf)``, torch's test of "never updated" (an average can
     overflow to ``min = +inf`` with a finite max, or cross min and max: neither is fresh, so
-    ``min - max == inf`` would be wrong), as ``minimum(min, -max) == inf`` (NaN gives False). Written
-    ``(min == inf) & (max == -inf)`` it made torch's 4k-element moving-average forward measurably slower
-    (benchmarks/bench_minmax.py; these tiny tensors cost per operation, not per element)."""
+    ``min - max == inf`` would be wrong), as ``minimum(min, -max) == inf`` (NaN gives False)."""
     return xp.minimum(state.min_val, -state.max_val) == INF
 
 
