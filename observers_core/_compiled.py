@@ -225,6 +225,21 @@ def _claimed(work: Callable[[], Any], workers: int) -> list:
 # Each computes the float32 operations of the array-API function it names, in its order, bit for bit.
 
 _CHUNK = 4096  # counts_kernel bins this many values (vectorized), then counts them
+_TALLY_SPAN = 1 << 30  # values counted into int32 tallies before they are added into the int64 counts
+
+
+@kernel()
+def _tally(idx, n, tally, counts, done):  # pragma: no cover (compiled)
+    """``tally[idx[j]] += 1`` for ``j < n``, then, after every ``_TALLY_SPAN`` values and after the last
+    chunk, the int32 ``tally`` added into the int64 ``counts`` and cleared (no tally reaches 2**31 in a
+    span). ``done``: the values counted before this chunk, ``-1`` for the last chunk. Unsigned indices
+    (no wraparound checks) and int32 tallies count about twice as fast as int64 ones."""
+    for j in range(n):
+        tally[idx[j]] += 1
+    if done < 0 or (done + n) % _TALLY_SPAN == 0:
+        for b in range(tally.shape[0]):
+            counts[b] += tally[b]
+            tally[b] = 0
 
 
 @kernel()
@@ -234,7 +249,8 @@ def counts_kernel(x, lo, hi, lo_half, half, num, den, bins, bounded):  # pragma:
     to drop its wraparound checks), then counted."""
     zero, nan_bin, out_bin = x.dtype.type(0), x.dtype.type(bins + 1), x.dtype.type(bins + 2)
     counts = np.zeros(bins + 3, dtype=np.int64)
-    idx = np.empty(_CHUNK, dtype=np.int32)
+    tally = np.zeros(bins + 3, dtype=np.int32)
+    idx = np.empty(_CHUNK, dtype=np.uint32)
     for start in range(0, x.shape[0], _CHUNK):
         chunk = x[start:start + _CHUNK]
         for j in range(chunk.shape[0]):
@@ -244,9 +260,8 @@ def counts_kernel(x, lo, hi, lo_half, half, num, den, bins, bounded):  # pragma:
             b = out_bin if b >= out_bin else b
             b = out_bin if pos - pos != zero else b  # +/-inf (and NaN, next line)
             b = out_bin if bounded and not (lo <= v <= hi) else b
-            idx[j] = np.int32(nan_bin if pos != pos else b)
-        for j in range(chunk.shape[0]):
-            counts[idx[j]] += 1
+            idx[j] = np.uint32(nan_bin if pos != pos else b)
+        _tally(idx, chunk.shape[0], tally, counts, -1 if start + _CHUNK >= x.shape[0] else start)
     return counts
 
 
@@ -470,7 +485,8 @@ def calib_counts_kernel(x, absolute, lo, width, bins):  # pragma: no cover (comp
     w = width if width > zero else one
     base = lo / w
     counts = np.zeros(bins + 1, dtype=np.int64)
-    idx = np.empty(_CHUNK, dtype=np.int32)
+    tally = np.zeros(bins + 1, dtype=np.int32)
+    idx = np.empty(_CHUNK, dtype=np.uint32)
     for start in range(0, x.shape[0], _CHUNK):
         chunk = x[start:start + _CHUNK]
         for j in range(chunk.shape[0]):
@@ -482,9 +498,8 @@ def calib_counts_kernel(x, absolute, lo, width, bins):  # pragma: no cover (comp
             i = f - base
             i = zero if i < zero else i
             i = top if i > top else i
-            idx[j] = np.int32(discard if v - v != zero else i)
-        for j in range(chunk.shape[0]):
-            counts[idx[j]] += 1
+            idx[j] = np.uint32(discard if v - v != zero else i)
+        _tally(idx, chunk.shape[0], tally, counts, -1 if start + _CHUNK >= x.shape[0] else start)
     return counts[:bins]
 
 
