@@ -114,11 +114,12 @@ class KLSteps(CalibrationSteps):
 
 class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
     """Shared by the four observers: configuration and the per-batch step (``batch_update`` of the
-    core, run by the backend)."""
+    core, run by the backend). ``_setup`` is what the public constructors call (every framework's
+    base has one: the torch classes are these constructors bound to ``adapters.torch``'s base)."""
 
     _METHOD = ""
 
-    def __init__(
+    def _setup(
         self,
         averaging_constant: float,
         ch_axis: int,
@@ -192,12 +193,11 @@ class PercentileObserver(_CalibrationObserver):
         quant_max: int | None = None,
         is_sync_quantize: bool = False,
         factory_kwargs: Mapping[str, Any] | None = None,
-        *,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
-        super().__init__(
+        self._setup(
             averaging_constant, ch_axis, dtype, qscheme, quant_min, quant_max, is_sync_quantize, factory_kwargs,
-            bins=bins, percentile=percentile, xp=xp,
+            bins=bins, percentile=percentile, **backend,
         )
 
 
@@ -222,11 +222,11 @@ class MSEObserver(_CalibrationObserver):
         factory_kwargs: Mapping[str, Any] | None = None,
         *,
         bins: int = 2048,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
-        super().__init__(
+        self._setup(
             averaging_constant, ch_axis, dtype, qscheme, quant_min, quant_max, is_sync_quantize, factory_kwargs,
-            bins=bins, stride=stride, xp=xp,
+            bins=bins, stride=stride, **backend,
         )
 
 
@@ -252,11 +252,11 @@ class MixObserver(_CalibrationObserver):
         bins: int = 2048,
         percentile: float = 99.99,
         stride: int = 1,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
-        super().__init__(
+        self._setup(
             averaging_constant, ch_axis, dtype, qscheme, quant_min, quant_max, is_sync_quantize, factory_kwargs,
-            bins=bins, percentile=percentile, stride=stride, xp=xp,
+            bins=bins, percentile=percentile, stride=stride, **backend,
         )
 
 
@@ -284,13 +284,15 @@ class KLObserver(KLSteps, _CalibrationObserver):
         quant_max: int | None = None,
         is_sync_quantize: bool = False,
         factory_kwargs: Mapping[str, Any] | None = None,
-        *,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
-        super().__init__(
+        self._setup(
             averaging_constant, ch_axis, dtype, qscheme, quant_min, quant_max, is_sync_quantize, factory_kwargs,
-            bins=bins, update_interval=update_interval, xp=xp,
+            bins=bins, update_interval=update_interval, **backend,
         )
+
+    def _setup(self, *args: Any, **kwargs: Any) -> None:
+        super()._setup(*args, **kwargs)
         self._acc: KLAccumulator | None = None
         self.num_steps = 0
 

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from observers_core import CalibHistogram
+from observers_core._dtypes import QScheme
 from observers_core._compiled import numpy_views
 from observers_core._minmax import MinMaxState
 from observers_core._validate import INF, check_bool
@@ -48,6 +49,7 @@ from observers_core._validate import INF, check_bool
 from observers_core.families import calibration as family
 
 from . import _array_calibration as _base
+from ._catalog import constructor_on
 from ._torch_distributed import fold_merge, mean_of_replicas, merge_keys
 from ._torch_minmax import UniformQuantizationObserverBase, to_core_dtype, to_core_qscheme
 
@@ -87,7 +89,8 @@ _ACC_BUFFERS = ("hist_counts", "hist_lo", "hist_width", "hist_min_val", "hist_ma
 
 class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBase):
     """Shared by the four observers: configuration, buffers, state dict loading; the observe step is
-    every framework's (``CalibrationSteps`` over the base's buffer storage).
+    every framework's (``CalibrationSteps`` over the base's buffer storage). The public classes are the
+    generic ones' constructors on this base (``_catalog.constructor_on``), which call ``_setup``.
     ``is_sync_quantize=True`` (Horizon's flag) is ``sync=True``: statistics synced per batch across the
     default group (or ``process_group=``)."""
 
@@ -97,7 +100,7 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
     min_val: torch.Tensor
     max_val: torch.Tensor
 
-    def __init__(
+    def _setup(
         self,
         averaging_constant,
         ch_axis,
@@ -176,114 +179,21 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
         return family.describe(self.config, self.ch_axis) + f", min_val={self.min_val}, max_val={self.max_val}"
 
 
-class PercentileObserver(_CalibrationObserver):
-    __doc__ = _base.PercentileObserver.__doc__
-    _METHOD = "percentile"
-
-    def __init__(
-        self,
-        percentile=99.99,
-        bins=2048,
-        averaging_constant=0.01,
-        ch_axis=-1,
-        dtype="qint8",
-        qscheme=torch.per_tensor_symmetric,
-        quant_min=None,
-        quant_max=None,
-        is_sync_quantize=False,
-        factory_kwargs=None,
-        **kwargs,
-    ) -> None:
-        super().__init__(
-            averaging_constant, ch_axis, dtype, qscheme, quant_min, quant_max, is_sync_quantize, factory_kwargs,
-            bins=bins, percentile=percentile, **kwargs,
-        )
-
-
-class MSEObserver(_CalibrationObserver):
-    __doc__ = _base.MSEObserver.__doc__
-    _METHOD = "mse"
-
-    def __init__(
-        self,
-        stride=1,
-        averaging_constant=0.01,
-        ch_axis=-1,
-        dtype="qint8",
-        qscheme=torch.per_tensor_symmetric,
-        quant_min=None,
-        quant_max=None,
-        is_sync_quantize=False,
-        factory_kwargs=None,
-        *,
-        bins=2048,
-        **kwargs,
-    ) -> None:
-        super().__init__(
-            averaging_constant, ch_axis, dtype, qscheme, quant_min, quant_max, is_sync_quantize, factory_kwargs,
-            bins=bins, stride=stride, **kwargs,
-        )
-
-
-class MixObserver(_CalibrationObserver):
-    __doc__ = _base.MixObserver.__doc__
-    _METHOD = "mix"
-
-    def __init__(
-        self,
-        averaging_constant=0.01,
-        ch_axis=-1,
-        dtype="qint8",
-        qscheme=torch.per_tensor_symmetric,
-        quant_min=None,
-        quant_max=None,
-        is_sync_quantize=False,
-        factory_kwargs=None,
-        *,
-        bins=2048,
-        percentile=99.99,
-        stride=1,
-        **kwargs,
-    ) -> None:
-        super().__init__(
-            averaging_constant, ch_axis, dtype, qscheme, quant_min, quant_max, is_sync_quantize, factory_kwargs,
-            bins=bins, percentile=percentile, stride=stride, **kwargs,
-        )
-
-
 def _kl_step(state, acc, x, *, axis, config, update, collective, xp):
     """KLObserver's batch in one :func:`_run`: ``kl_accumulate``, then (``update``) ``kl_update``."""
     acc = family.kl_accumulate(acc, x, axis=axis, xp=xp, collective=collective)
     return acc, (family.kl_update(state, acc, config=config, xp=xp) if update else None)
 
 
-class KLObserver(_base.KLSteps, _CalibrationObserver):
-    __doc__ = _base.KLObserver.__doc__
-    _METHOD = "kl"
+class _KLObserver(_base.KLSteps, _CalibrationObserver):
+    """KLObserver's torch base: the accumulator in non-persistent buffers."""
 
-    def __init__(
-        self,
-        bins=512,
-        update_interval=1,
-        averaging_constant=0.01,
-        ch_axis=-1,
-        dtype="qint8",
-        qscheme=torch.per_tensor_symmetric,
-        quant_min=None,
-        quant_max=None,
-        is_sync_quantize=False,
-        factory_kwargs=None,
-        **kwargs,
-    ) -> None:
-        super().__init__(
-            averaging_constant, ch_axis, dtype, qscheme, quant_min, quant_max, is_sync_quantize, factory_kwargs,
-            bins=bins, update_interval=update_interval, **kwargs,
-        )
+    def _setup(self, *args, **kwargs) -> None:
+        super()._setup(*args, **kwargs)
         self.update_interval = self.config.update_interval
         self.num_steps = 0
-        device = torch.nn.factory_kwargs(factory_kwargs).get("device")
         for name in _ACC_BUFFERS:
-            self.register_buffer(name, torch.tensor([], device=device), persistent=False)
+            self.register_buffer(name, torch.tensor([], device=self.eps.device), persistent=False)
 
     _SYNC_BUFFERS = ("min_val", "max_val", *_ACC_BUFFERS)
 
@@ -340,3 +250,17 @@ class KLObserver(_base.KLSteps, _CalibrationObserver):
 
     def extra_repr(self):
         return super().extra_repr() + f", num_steps={self.num_steps}"
+
+
+_TORCH_DEFAULTS = {QScheme.PER_TENSOR_SYMMETRIC: torch.per_tensor_symmetric}
+
+
+def _public(generic: type, base: type = _CalibrationObserver) -> type:
+    """``generic``'s public constructor on this module's ``base``, with torch's default qscheme object."""
+    return constructor_on(generic, base, __name__, _TORCH_DEFAULTS, _METHOD=generic._METHOD)
+
+
+PercentileObserver = _public(_base.PercentileObserver)
+MSEObserver = _public(_base.MSEObserver)
+MixObserver = _public(_base.MixObserver)
+KLObserver = _public(_base.KLObserver, _KLObserver)
