@@ -84,8 +84,31 @@ class LowBitObserver(StatefulObserver):
         eps: float = FLOAT32_EPS,
         is_dynamic: bool = False,
         ignore_nonfinite: bool = False,
+        **backend: Any,
+    ) -> None:
+        self._setup(
+            dtype, granularity=granularity, axis=axis, group_size=group_size, block_size=block_size,
+            symmetric=symmetric, rounding=rounding, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite,
+            **backend,
+        )
+
+    def _setup(
+        self,
+        dtype: str,
+        *,
+        granularity: str | None = None,
+        axis: int | None = None,
+        group_size: int | None = None,
+        block_size: int | None = None,
+        symmetric: bool | None = None,
+        rounding: str | None = None,
+        eps: float = FLOAT32_EPS,
+        is_dynamic: bool = False,
+        ignore_nonfinite: bool = False,
         xp: Any = None,
     ) -> None:
+        """What the public constructors forward to (every framework's base has one: the torch classes
+        are these constructors bound to ``adapters.torch``'s base)."""
         spec = make_spec(
             type(self).__name__, self._FAMILY, dtype, granularity=granularity, axis=axis, group_size=group_size,
             block_size=block_size, symmetric=symmetric, rounding=rounding, eps=eps,
@@ -220,11 +243,11 @@ class PerGroupMinMaxObserver(LowBitObserver):
         is_dynamic: bool = False,
         *,
         ignore_nonfinite: bool = False,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
-        super().__init__(
+        self._setup(
             dtype, granularity="per_group", axis=axis, group_size=group_size, symmetric=symmetric, eps=eps,
-            is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, xp=xp,
+            is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **backend,
         )
 
 
@@ -246,11 +269,11 @@ class FP8Observer(LowBitObserver):
         is_dynamic: bool = False,
         *,
         ignore_nonfinite: bool = False,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
-        super().__init__(
+        self._setup(
             dtype, granularity=granularity, axis=axis, group_size=group_size, eps=eps, is_dynamic=is_dynamic,
-            ignore_nonfinite=ignore_nonfinite, xp=xp,
+            ignore_nonfinite=ignore_nonfinite, **backend,
         )
 
 
@@ -272,11 +295,11 @@ class PerBlockMXObserver(LowBitObserver):
         is_dynamic: bool = False,
         *,
         ignore_nonfinite: bool = False,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
-        super().__init__(
+        self._setup(
             dtype, axis=axis, block_size=block_size, rounding=rounding, is_dynamic=is_dynamic,
-            ignore_nonfinite=ignore_nonfinite, xp=xp,
+            ignore_nonfinite=ignore_nonfinite, **backend,
         )
 
 
@@ -289,6 +312,6 @@ class PerBlockBFPObserver(LowBitObserver):
     _FAMILY = "bfp"
 
     def __init__(
-        self, dtype: str = "bfp16", axis: int = -1, block_size: int = 8, is_dynamic: bool = False, *, xp: Any = None
+        self, dtype: str = "bfp16", axis: int = -1, block_size: int = 8, is_dynamic: bool = False, **backend: Any
     ) -> None:
-        super().__init__(dtype, axis=axis, block_size=block_size, is_dynamic=is_dynamic, xp=xp)
+        self._setup(dtype, axis=axis, block_size=block_size, is_dynamic=is_dynamic, **backend)

@@ -35,6 +35,7 @@ from observers_core._minmax import MinMaxState
 from observers_core.families import lowbit as lowbit_family
 
 from . import _array_lowbit as _base
+from ._catalog import constructor_on
 from observers_core._validate import check_bool
 
 from ._array_observers import ObserveLoop, check_entry
@@ -68,7 +69,7 @@ def _dtype_name(dtype: Any) -> Any:
 
 
 @pt2e_observer
-class LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
+class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
     r"""Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
 
     ``forward(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when
@@ -87,7 +88,7 @@ class LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
     min_val: torch.Tensor
     max_val: torch.Tensor
 
-    def __init__(
+    def _setup(
         self,
         dtype,
         *,
@@ -211,77 +212,16 @@ class LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
         return lowbit_family.describe(self.spec, self.is_dynamic, self.ignore_nonfinite) + f", stats_shape={shape}"
 
 
-class PerGroupMinMaxObserver(LowBitObserver):
-    __doc__ = _base.PerGroupMinMaxObserver.__doc__
-    _FAMILY = "int"
-
-    def __init__(
-        self,
-        dtype="int4",
-        axis=-1,
-        group_size=128,
-        symmetric=False,
-        eps=FLOAT32_EPS,
-        is_dynamic=False,
-        *,
-        ignore_nonfinite=False,
-        factory_kwargs=None,
-        **kwargs,
-    ) -> None:
-        super().__init__(
-            dtype, granularity="per_group", axis=axis, group_size=group_size, symmetric=symmetric, eps=eps,
-            is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, factory_kwargs=factory_kwargs, **kwargs,
-        )
+_TORCH_DEFAULTS = {"float8_e4m3fn": torch.float8_e4m3fn}
 
 
-class FP8Observer(LowBitObserver):
-    __doc__ = _base.FP8Observer.__doc__
-    _FAMILY = "fp8"
-
-    def __init__(
-        self,
-        dtype=torch.float8_e4m3fn,
-        granularity=None,
-        axis=None,
-        group_size=None,
-        eps=FLOAT32_EPS,
-        is_dynamic=False,
-        *,
-        ignore_nonfinite=False,
-        factory_kwargs=None,
-        **kwargs,
-    ) -> None:
-        super().__init__(
-            dtype, granularity=granularity, axis=axis, group_size=group_size, eps=eps, is_dynamic=is_dynamic,
-            ignore_nonfinite=ignore_nonfinite, factory_kwargs=factory_kwargs, **kwargs,
-        )
+def _public(generic: type, base: type, **attributes) -> type:
+    """``generic``'s public constructor on ``base``, with torch's default fp8 dtype object."""
+    return constructor_on(generic, base, __name__, _TORCH_DEFAULTS, _FAMILY=generic._FAMILY, **attributes)
 
 
-class PerBlockMXObserver(LowBitObserver):
-    __doc__ = _base.PerBlockMXObserver.__doc__
-    _FAMILY = "mx"
-
-    def __init__(
-        self,
-        dtype="mxfp8_e4m3",
-        axis=-1,
-        block_size=32,
-        rounding="floor",
-        is_dynamic=False,
-        *,
-        ignore_nonfinite=False,
-        factory_kwargs=None,
-        **kwargs,
-    ) -> None:
-        super().__init__(
-            dtype, axis=axis, block_size=block_size, rounding=rounding, is_dynamic=is_dynamic,
-            ignore_nonfinite=ignore_nonfinite, factory_kwargs=factory_kwargs, **kwargs,
-        )
-
-
-class PerBlockBFPObserver(LowBitObserver):
-    __doc__ = _base.PerBlockBFPObserver.__doc__
-    _FAMILY = "bfp"
-
-    def __init__(self, dtype="bfp16", axis=-1, block_size=8, is_dynamic=False, *, factory_kwargs=None, **kwargs) -> None:
-        super().__init__(dtype, axis=axis, block_size=block_size, is_dynamic=is_dynamic, factory_kwargs=factory_kwargs, **kwargs)
+LowBitObserver = _public(_base.LowBitObserver, _LowBitObserver, __doc__=_LowBitObserver.__doc__)
+PerGroupMinMaxObserver = _public(_base.PerGroupMinMaxObserver, LowBitObserver)
+FP8Observer = _public(_base.FP8Observer, LowBitObserver)
+PerBlockMXObserver = _public(_base.PerBlockMXObserver, LowBitObserver)
+PerBlockBFPObserver = _public(_base.PerBlockBFPObserver, LowBitObserver)
