@@ -572,15 +572,19 @@ def fq_block_sums_kernel(first, stop, rows, blocks, inv_scale, scale, zero_point
                          out):  # pragma: no cover (compiled)
     """The sums behind :func:`candidate_errors` of the float ``rows`` (C, N) over the blocks ``first`` to
     ``stop`` of ``blocks = pairwise_blocks(N)``, into ``out`` (C, K + 1, blocks): for each row ``c`` and
-    candidate ``k``, the sum over the block of ``e**2`` in NumPy's order (:func:`_pairwise_block`), with
-    ``e = ((clamp(rint(v * inv_scale) + z, Q_min, Q_max) - z) * s - v) * inv_norm`` for finite ``v`` and 0
-    otherwise; the last row of ``out`` counts the finite ``v``. ``inv_scale = 1 / s`` and ``z`` as the
-    array code computes them, float64 (C, K). Computed as ``clamp(rint(v * inv_scale), Q_min - z, Q_max - z)``
-    (integers: the same values) and with ``inv_norm = 1 / norm``, a power of two, whose product equals the
-    array code's quotient ``/ norm``. The slices keep indices non-negative (numba then drops its
-    wraparound checks and the loop over a block vectorizes)."""
+    candidate ``k``, the sum over the block of ``e**2`` (:func:`_fq_square`) in NumPy's order, the last row
+    of ``out`` counting the finite ``v``.
+
+    Two candidates at a time (an odd last one paired with itself), each value loaded once, and no ``e**2``
+    stored: :func:`_pairwise_block`'s eight running sums ``r_j = a[j] + a[j + 8] + ...`` (NumPy's, below
+    ``end = n - n % 8``) are ``lanes[i + 8] = a[i] + lanes[i]`` for ``i < end`` from ``lanes[:8] = 0``, the
+    same additions in the same order (``0 + a == a`` for these ``a``: never -0.0), ``r_j`` ending in
+    ``lanes[end + j]``; a loop that vectorizes (slices keep the indices non-negative: numba then drops its
+    wraparound checks). Then ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))`` and the rest one by one,
+    as NumPy's; below 8 values ``end`` is 0 and the sum runs from 0 one by one, as NumPy's."""
     channels, k_count = scale.shape
-    buf = np.empty(128, dtype=np.float64)
+    lanes0, lanes1 = np.zeros(136, dtype=np.float64), np.zeros(136, dtype=np.float64)  # [:8] stay 0
+    out0, out1 = lanes0[8:], lanes1[8:]
     for c in range(channels):
         row = rows[c]
         w = inv_norm[c]
@@ -591,17 +595,78 @@ def fq_block_sums_kernel(first, stop, rows, blocks, inv_scale, scale, zero_point
             for i in range(size):
                 count += 1 if block[i] - block[i] == 0 else 0
             out[c, k_count, b] = count
-            for k in range(k_count):
-                s, inv_s = scale[c, k], inv_scale[c, k]
-                low, high = quant_min - zero_point[c, k], quant_max - zero_point[c, k]
-                for i in range(size):
-                    v = np.float64(block[i])
-                    q = np.rint(v * inv_s)
-                    q = low if q < low else q
-                    q = high if q > high else q
-                    e = (q * s - v) * w
-                    buf[i] = e * e if v - v == 0.0 else 0.0
-                out[c, k, b] = _pairwise_block(buf[:size])
+            end = size - size % 8 if size >= 8 else 0
+            body, rest = block[:end], block[end:]
+            for k in range(0, k_count, 2):
+                j = min(k + 1, k_count - 1)
+                s0, inv_s0, s1, inv_s1 = scale[c, k], inv_scale[c, k], scale[c, j], inv_scale[c, j]
+                low0, high0 = quant_min - zero_point[c, k], quant_max - zero_point[c, k]
+                low1, high1 = quant_min - zero_point[c, j], quant_max - zero_point[c, j]
+                for i in range(body.shape[0]):
+                    v = body[i]
+                    out0[i] = _fq_square(v, inv_s0, s0, low0, high0, w) + lanes0[i]
+                    out1[i] = _fq_square(v, inv_s1, s1, low1, high1, w) + lanes1[i]
+                res0 = res1 = 0.0
+                if end:
+                    r, t = lanes0[end:end + 8], lanes1[end:end + 8]
+                    res0 = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+                    res1 = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]))
+                for i in range(rest.shape[0]):
+                    res0 += _fq_square(rest[i], inv_s0, s0, low0, high0, w)
+                    res1 += _fq_square(rest[i], inv_s1, s1, low1, high1, w)
+                out[c, k, b], out[c, j, b] = res0, res1
+
+
+@kernel()
+def _fq_square(v, inv_s, s, low, high, w):  # pragma: no cover (compiled)
+    """``e**2`` with ``e = (clamp(rint(v * inv_s), low, high) * s - v) * w`` in float64, 0 for a ``v`` that is
+    not finite: :func:`fq_block_sums_kernel`'s term, with ``inv_s = 1 / s`` and ``z`` as the array code
+    computes them and ``low, high = Q_min - z, Q_max - z`` (the array code's ``clamp(rint(v * inv_s) + z,
+    Q_min, Q_max) - z``: integers, the same values); ``w = 1 / norm``, a power of two, whose product equals
+    the array code's quotient ``/ norm``."""
+    v = np.float64(v)
+    q = np.rint(v * inv_s)
+    q = low if q < low else q
+    q = high if q > high else q
+    e = (q * s - v) * w
+    return e * e if v - v == 0.0 else 0.0
+
+
+@kernel()
+def _pairwise_combine_rows(block_sums, n):  # pragma: no cover (compiled)
+    """:func:`pairwise_combine` of each row of ``block_sums`` (R, L), float64 (R,), in one walk over NumPy's
+    halves for all rows (as :func:`_pairwise_walk`: each pair of halves added as ``left + right``) instead of
+    one walk per row."""
+    rows = block_sums.shape[0]
+    out = np.empty(rows, dtype=np.float64)
+    if n <= 128:
+        for r in range(rows):
+            out[r] = block_sums[r, 0]
+        return out
+    sizes, phase = np.empty(64, dtype=np.int64), np.empty(64, dtype=np.int64)
+    sums = np.empty((64, rows), dtype=np.float64)
+    depth, filled, taken = 0, 0, 0
+    sizes[0], phase[0] = n, 0
+    while depth >= 0:
+        m = sizes[depth]
+        if m <= 128:  # a block: its sums go on the value stack
+            for r in range(rows):
+                sums[filled, r] = block_sums[r, taken]
+            taken, filled, depth = taken + 1, filled + 1, depth - 1
+        elif phase[depth] == 2:  # both halves done
+            filled -= 1
+            for r in range(rows):
+                sums[filled - 1, r] = sums[filled - 1, r] + sums[filled, r]
+            depth -= 1
+        else:
+            half = m // 2 - (m // 2) % 8
+            phase[depth] += 1
+            sizes[depth + 1] = half if phase[depth] == 1 else m - half
+            phase[depth + 1] = 0
+            depth += 1
+    for r in range(rows):
+        out[r] = sums[0, r]
+    return out
 
 
 @kernel()

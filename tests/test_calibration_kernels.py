@@ -184,6 +184,33 @@ def test_mix_candidate_errors_are_bit_identical(per_channel, monkeypatch):
     assert checked == 100
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_candidate_errors_repeated_candidates_are_bit_identical(dtype, per_channel, monkeypatch):
+    """The compiled sums take candidates two at a time (an odd last one with itself) and compute
+    candidates with the same scale and zero point in every row once: any number of candidates, repeated
+    ones (whole columns, or in some rows only), affine and symmetric, float32 and float64 rows."""
+    rng = np.random.default_rng(11 + per_channel)
+    axis = 1 if per_channel else None
+    for case in range(60):
+        qscheme = ("per_channel_" if per_channel else "per_tensor_") + ("affine" if case % 2 else "symmetric")
+        spec = quant_spec("quint8" if case % 2 else "qint8", qscheme)
+        shape = (int(rng.integers(1, 6)), 3, int(rng.integers(1, 400))) if per_channel else (
+            (int(rng.integers(1, 3000)),))
+        x = adversarial(rng, dtype, shape)
+        lo, hi = calib.observed_range(x, axis=axis, xp=xp)
+        amax = np.abs(rng.standard_normal((rng.integers(1, 4),) + lo.shape)).astype(np.float32)
+        amax[0] = np.inf  # minmax: the observed range itself
+        if per_channel and case % 3 == 0:
+            amax[-1, 0] = np.inf  # repeats minmax in the first row only
+        pick = rng.integers(0, amax.shape[0], size=int(rng.integers(1, 7)))
+        ranges = [calib.clip_range(lo, hi, amax[k], xp) for k in pick]
+        lo_k, hi_k = (xp.stack([r[i] for r in ranges], axis=-1) for i in (0, 1))
+        array_path, compiled = _both(lambda: np.asarray(calib.candidate_errors(
+            x, lo_k, hi_k, axis=axis, spec=spec, xp=xp)).tobytes(), monkeypatch)
+        assert array_path == compiled, (case, pick)
+
+
 def test_mse_level_errors_kernel_only_for_integer_counts(monkeypatch):
     """The compiled level sums add the prefix sums as int64: non-integer counts (weights, averaged
     histograms) take the array code, whose float64 curve they then match; integer counts keep the kernel."""

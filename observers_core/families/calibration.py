@@ -41,7 +41,7 @@ from .._calibration import (
     work_dtype,
 )
 from .._compiled import (
-    abs_max_kernel, fq_block_sums_kernel, host_view, pairwise_blocks, pairwise_combine, split_ranges, threads,
+    _pairwise_combine_rows, abs_max_kernel, fq_block_sums_kernel, host_view, pairwise_blocks, split_ranges, threads,
 )
 from .._dtypes import QuantSpec, quant_spec
 from .._minmax import (
@@ -277,12 +277,19 @@ def _fq_sums(rows: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, norm: 
              quant_max: float) -> np.ndarray:
     """:func:`candidate_errors`' sums (C, K) and finite counts, (C, K + 1), of host ``rows`` (C, N) with the
     compiled kernels: the blocks of NumPy's pairwise sum on up to :func:`~observers_core._compiled.threads`
-    threads, then added in NumPy's order."""
+    threads, then added in NumPy's order (one walk for all rows). Candidates whose scales and zero points are
+    bitwise those of an earlier one in every row have its sums (the same operations on the same values):
+    computed once."""
+    keys = [scale[:, k].tobytes() + zero_point[:, k].tobytes() for k in range(scale.shape[1])]
+    source = [keys.index(key) for key in keys]  # the first candidate of each key
+    distinct = sorted(set(source))
+    scale, zero_point = scale[:, distinct], zero_point[:, distinct]
     blocks = pairwise_blocks(rows.shape[1])
     out = np.empty((rows.shape[0], scale.shape[1] + 1, blocks.shape[0]), dtype=np.float64)
     split_ranges(fq_block_sums_kernel, blocks.shape[0], threads(rows.size), rows, blocks, 1 / scale, scale, zero_point,
                  1 / norm, quant_min, quant_max, out, chunk=256)
-    return np.array([[pairwise_combine(part, rows.shape[1]) for part in row] for row in out])
+    sums = _pairwise_combine_rows(out.reshape(-1, blocks.shape[0]), rows.shape[1]).reshape(out.shape[:2])
+    return sums[:, [distinct.index(k) for k in source] + [len(distinct)]]
 
 
 def _reduced(x: Array, op: str, collective: Any) -> Array:
