@@ -633,43 +633,6 @@ def _fq_square(v, inv_s, s, low, high, w):  # pragma: no cover (compiled)
 
 
 @kernel()
-def _pairwise_combine_rows(block_sums, n):  # pragma: no cover (compiled)
-    """:func:`pairwise_combine` of each row of ``block_sums`` (R, L), float64 (R,), in one walk over NumPy's
-    halves for all rows (as :func:`_pairwise_walk`: each pair of halves added as ``left + right``) instead of
-    one walk per row."""
-    rows = block_sums.shape[0]
-    out = np.empty(rows, dtype=np.float64)
-    if n <= 128:
-        for r in range(rows):
-            out[r] = block_sums[r, 0]
-        return out
-    sizes, phase = np.empty(64, dtype=np.int64), np.empty(64, dtype=np.int64)
-    sums = np.empty((64, rows), dtype=np.float64)
-    depth, filled, taken = 0, 0, 0
-    sizes[0], phase[0] = n, 0
-    while depth >= 0:
-        m = sizes[depth]
-        if m <= 128:  # a block: its sums go on the value stack
-            for r in range(rows):
-                sums[filled, r] = block_sums[r, taken]
-            taken, filled, depth = taken + 1, filled + 1, depth - 1
-        elif phase[depth] == 2:  # both halves done
-            filled -= 1
-            for r in range(rows):
-                sums[filled - 1, r] = sums[filled - 1, r] + sums[filled, r]
-            depth -= 1
-        else:
-            half = m // 2 - (m // 2) % 8
-            phase[depth] += 1
-            sizes[depth + 1] = half if phase[depth] == 1 else m - half
-            phase[depth + 1] = 0
-            depth += 1
-    for r in range(rows):
-        out[r] = sums[0, r]
-    return out
-
-
-@kernel()
 def mse_level_errors_kernel(first, stop, p0, p1, r, off, consts, levels, bins, eps16, err, bound):  # pragma: no cover
     """:func:`_squared_error_by_levels` for host arrays, candidates ``first`` to ``stop``: for each channel
     ``c`` and candidate ``k``, with ``n_m = clip(ceil((m - 1/2) r - o), 0, bins)`` over ``m = 1 .. levels - 1``,
@@ -766,23 +729,28 @@ def _pairwise_walk(a, block_sums, n, sizes, phase, sums):  # pragma: no cover (c
     """NumPy's float64 sum of ``n`` values in its pairwise order (``pairwise_sum``: above 128 values it
     adds the sums of the halves ``n2 = n // 2 - (n // 2) % 8`` and ``n - n2``), the halves visited depth
     first, left first. A block of at most 128 values is :func:`_pairwise_block` of ``a`` where ``a`` holds
-    the values, else the next entry of ``block_sums`` (the sums of :func:`pairwise_blocks`, in order).
-    ``sizes``, ``phase`` (int64) and ``sums`` (float64), at least 64 long each, are scratch."""
+    the values (one row), else the next column of ``block_sums`` (R, L): the sums of :func:`pairwise_blocks`
+    of R rows of ``n`` values, in order, all rows walked at once. ``sizes``, ``phase`` (int64, at least 64)
+    and ``sums`` (float64, (at least 64, R)) are scratch; the rows' sums end in ``sums[0]``, the first
+    is returned."""
+    rows = sums.shape[1]
     depth, filled, taken, offset = 0, 0, 0, 0
     sizes[0], phase[0] = n, 0
     while depth >= 0:
         m = sizes[depth]
-        if m <= 128:  # a block: its sum goes on the value stack
+        if m <= 128:  # a block: its sums go on the value stack
             if a.shape[0] > 0:
-                sums[filled] = _pairwise_block(a[offset:offset + m])
+                sums[filled, 0] = _pairwise_block(a[offset:offset + m])
                 offset += m
             else:
-                sums[filled] = block_sums[taken]
+                for r in range(rows):
+                    sums[filled, r] = block_sums[r, taken]
                 taken += 1
             filled, depth = filled + 1, depth - 1
         elif phase[depth] == 2:  # both halves done
             filled -= 1
-            sums[filled - 1] = sums[filled - 1] + sums[filled]
+            for r in range(rows):
+                sums[filled - 1, r] = sums[filled - 1, r] + sums[filled, r]
             depth -= 1
         else:
             half = m // 2 - (m // 2) % 8
@@ -790,17 +758,19 @@ def _pairwise_walk(a, block_sums, n, sizes, phase, sums):  # pragma: no cover (c
             sizes[depth + 1] = half if phase[depth] == 1 else m - half
             phase[depth + 1] = 0
             depth += 1
-    return sums[0]
+    return sums[0, 0]
 
 
 @kernel()
 def pairwise_combine(block_sums, n):  # pragma: no cover (compiled)
-    """NumPy's sum of ``n`` values from the sums of its :func:`pairwise_blocks`, in order: each pair of
-    halves added as ``left + right``, as ``pairwise_sum`` does."""
+    """NumPy's sums of ``n`` values for each row of ``block_sums`` (R, L), the sums of its
+    :func:`pairwise_blocks` in order (float64 (R,)): each pair of halves added as ``left + right``, as
+    ``pairwise_sum`` does; one walk for all rows."""
     if n <= 128:
-        return block_sums[0]
-    return _pairwise_walk(block_sums[:0], block_sums, n, np.empty(64, dtype=np.int64), np.empty(64, dtype=np.int64),
-                          np.empty(64, dtype=np.float64))
+        return block_sums[:, 0].copy()
+    sums = np.empty((64, block_sums.shape[0]), dtype=np.float64)
+    _pairwise_walk(block_sums[0, :0], block_sums, n, np.empty(64, dtype=np.int64), np.empty(64, dtype=np.int64), sums)
+    return sums[0].copy()
 
 
 @kernel()
@@ -809,8 +779,8 @@ def pairwise_sum_kernel(a):  # pragma: no cover (compiled)
     n = a.shape[0]
     if n <= 128:
         return _pairwise_block(a)
-    return _pairwise_walk(a, a[:0], n, np.empty(64, dtype=np.int64), np.empty(64, dtype=np.int64),
-                          np.empty(64, dtype=np.float64))
+    return _pairwise_walk(a, np.empty((1, 0), dtype=np.float64), n, np.empty(64, dtype=np.int64),
+                          np.empty(64, dtype=np.int64), np.empty((64, 1), dtype=np.float64))
 
 
 @kernel()
@@ -835,12 +805,12 @@ def gather_sums_kernel(values, index, length):  # pragma: no cover (compiled)
 def pairwise_gather_sum(values, index, start, n, run, sizes, phase, sums):  # pragma: no cover (compiled)
     """``np.sum(values[index[start:start + n]])`` (float64, bit for bit) without allocations: the values
     gathered into the scratch ``run`` (at least ``n`` long), then :func:`_pairwise_walk` (``sizes``,
-    ``phase``, ``sums``: its scratch)."""
+    ``phase``, ``sums`` (64, 1): its scratch)."""
     for i in range(n):
         run[i] = values[index[start + i]]
     if n <= 128:
         return _pairwise_block(run[:n])
-    return _pairwise_walk(run[:n], run[:0], n, sizes, phase, sums)
+    return _pairwise_walk(run[:n], np.empty((1, 0), dtype=np.float64), n, sizes, phase, sums)
 
 
 @kernel()
@@ -910,7 +880,7 @@ def kl_curve_kernel(b, cs, first, end, group_range, last_range, cand, levels, no
     xlogx = np.empty(bins + 1, dtype=np.float64)
     sizes = np.empty(64, dtype=np.int64)
     phase = np.empty(64, dtype=np.int64)
-    sums = np.empty(64, dtype=np.float64)
+    sums = np.empty((64, 1), dtype=np.float64)
     run = np.empty(levels, dtype=np.float64)
     for c in range(channels):
         row, s, lg, nz = b[c], cs[c], logs[c], nonzero[c]

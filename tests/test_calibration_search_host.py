@@ -157,7 +157,7 @@ def test_kl_host_path_torch_cpu(monkeypatch):
 
 def test_pairwise_gather_sum_is_numpys():
     rng = np.random.default_rng(15)
-    sizes, phase, sums, run = np.empty(64, np.int64), np.empty(64, np.int64), np.empty(64), np.empty(40000)
+    sizes, phase, sums, run = np.empty(64, np.int64), np.empty(64, np.int64), np.empty((64, 1)), np.empty(40000)
     values = rng.standard_normal(5000) * 10.0 ** rng.integers(-8, 8, 5000)
     for n in [1, 7, 8, 9, 16, 127, 128, 129, 136, 200, 255, 256, 257, 1000, 2048, 4096, 40000]:
         index = rng.integers(0, values.size, n + 11)

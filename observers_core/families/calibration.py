@@ -41,7 +41,7 @@ from .._calibration import (
     work_dtype,
 )
 from .._compiled import (
-    _pairwise_combine_rows, abs_max_kernel, fq_block_sums_kernel, host_view, pairwise_blocks, split_ranges, threads,
+    abs_max_kernel, fq_block_sums_kernel, host_view, pairwise_blocks, pairwise_combine, split_ranges, threads,
 )
 from .._dtypes import QuantSpec, quant_spec
 from .._minmax import (
@@ -288,7 +288,7 @@ def _fq_sums(rows: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, norm: 
     out = np.empty((rows.shape[0], scale.shape[1] + 1, blocks.shape[0]), dtype=np.float64)
     split_ranges(fq_block_sums_kernel, blocks.shape[0], threads(rows.size), rows, blocks, 1 / scale, scale, zero_point,
                  1 / norm, quant_min, quant_max, out, chunk=256)
-    sums = _pairwise_combine_rows(out.reshape(-1, blocks.shape[0]), rows.shape[1]).reshape(out.shape[:2])
+    sums = pairwise_combine(out.reshape(-1, blocks.shape[0]), rows.shape[1]).reshape(out.shape[:2])
     return sums[:, [distinct.index(k) for k in source] + [len(distinct)]]
 
 
