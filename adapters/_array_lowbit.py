@@ -92,27 +92,11 @@ class LowBitObserver(StatefulObserver):
             **backend,
         )
 
-    def _setup(
-        self,
-        dtype: str,
-        *,
-        granularity: str | None = None,
-        axis: int | None = None,
-        group_size: int | None = None,
-        block_size: int | None = None,
-        symmetric: bool | None = None,
-        rounding: str | None = None,
-        eps: float = FLOAT32_EPS,
-        is_dynamic: bool = False,
-        ignore_nonfinite: bool = False,
-        xp: Any = None,
-    ) -> None:
-        """What the public constructors forward to (every framework's base has one: the torch classes
-        are these constructors bound to ``adapters.torch``'s base)."""
-        spec = make_spec(
-            type(self).__name__, self._FAMILY, dtype, granularity=granularity, axis=axis, group_size=group_size,
-            block_size=block_size, symmetric=symmetric, rounding=rounding, eps=eps,
-        )
+    def _setup(self, dtype: str, *, is_dynamic: bool = False, ignore_nonfinite: bool = False, xp: Any = None,
+               **layout: Any) -> None:
+        """What the public constructors forward to (every framework's base has one: the torch classes are
+        these constructors bound to ``adapters.torch``'s base); ``layout``: ``make_spec``'s keywords."""
+        spec = make_spec(type(self).__name__, self._FAMILY, dtype, **layout)
         super().__init__(spec, is_dynamic, ignore_nonfinite=ignore_nonfinite, xp=xp)
 
     @property

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from observers_core._dtypes import FLOAT32_EPS
 from observers_core._lowbit import lowbit_fake_quantize, lowbit_qparams
 from observers_core._minmax import MinMaxState
 
@@ -88,33 +87,15 @@ class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
     min_val: torch.Tensor
     max_val: torch.Tensor
 
-    def _setup(
-        self,
-        dtype,
-        *,
-        granularity=None,
-        axis=None,
-        group_size=None,
-        block_size=None,
-        symmetric=None,
-        rounding=None,
-        eps=FLOAT32_EPS,
-        is_dynamic=False,
-        ignore_nonfinite=False,
-        factory_kwargs=None,
-        sync=False,
-        process_group=None,
-        **kwargs,
-    ) -> None:
+    def _setup(self, dtype, *, is_dynamic=False, ignore_nonfinite=False, factory_kwargs=None, sync=False,
+               process_group=None, **layout) -> None:
+        """What the public constructors forward to; ``layout``: ``make_spec``'s keywords."""
         link_torchao()
-        spec = lowbit_family.make_spec(
-            type(self).__name__, self._FAMILY, _dtype_name(dtype), granularity=granularity, axis=axis,
-            group_size=group_size, block_size=block_size, symmetric=symmetric, rounding=rounding, eps=eps,
-        )
+        spec = lowbit_family.make_spec(type(self).__name__, self._FAMILY, _dtype_name(dtype), **layout)
         ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
         is_dynamic = check_bool(is_dynamic, "is_dynamic")
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
-        super().__init__(dtype=spec.dtype, is_dynamic=is_dynamic, **kwargs)
+        super().__init__(dtype=spec.dtype, is_dynamic=is_dynamic)
         self.spec = spec
         self.ignore_nonfinite = ignore_nonfinite
         self._init_sync(sync, process_group)
