@@ -452,7 +452,35 @@ class UniformQuantizationObserverBase(StatefulObserver):
         )
 
 
-class MinMaxObserver(UniformQuantizationObserverBase):
+class _MinMaxFamily(UniformQuantizationObserverBase):
+    """torch.ao's four min/max observers here: the checks of their arguments (``_setup``, what their public
+    constructors forward to; every framework's base has one: the torch classes are these constructors
+    bound to ``adapters.torch``'s base)."""
+
+    _AVERAGING = False  # the moving averages
+
+    def _setup(self, *, dtype: Any, qscheme: QScheme | str, reduce_range: bool, quant_min: int | None,
+               quant_max: int | None, factory_kwargs: Mapping[str, Any] | None, eps: float, is_dynamic: bool,
+               ignore_nonfinite: bool, averaging_constant: Any = None, ch_axis: Any = None, xp: Any = None) -> None:
+        owner = type(self).__name__
+        if self._AVERAGING:
+            self._set_averaging_constant(averaging_constant)
+            if is_dynamic and not self._PER_CHANNEL and self._averaging_constant != 1:
+                raise ValueError(f"is_dynamic=True needs averaging_constant=1 in {owner}, got {averaging_constant!r}")
+        if self._PER_CHANNEL:
+            if isinstance(ch_axis, bool) or not isinstance(ch_axis, (int, np.integer)):
+                raise TypeError(f"ch_axis must be an int, got {type(ch_axis).__name__} {ch_axis!r}")
+            if is_dynamic:
+                raise ValueError(f"is_dynamic=True is not supported by {owner}")
+        super().__init__(
+            dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
+            ignore_nonfinite=ignore_nonfinite, xp=xp,
+        )
+        if self._PER_CHANNEL:
+            self.ch_axis = int(ch_axis)
+
+
+class MinMaxObserver(_MinMaxFamily):
     """Running min/max per tensor: ``x_min = min(x_min, min(X))``, ``x_max = max(x_max, max(X))``;
     qparams as :meth:`calculate_qparams`. Same arguments as ``torch.ao.quantization.MinMaxObserver``."""
 
@@ -468,17 +496,19 @@ class MinMaxObserver(UniformQuantizationObserverBase):
         is_dynamic: bool = False,
         *,
         ignore_nonfinite: bool = False,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
-        super().__init__(
-            dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
-            ignore_nonfinite=ignore_nonfinite, xp=xp,
+        self._setup(
+            dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max,
+            factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **backend,
         )
 
 
 class MovingAverageMinMaxObserver(MinMaxObserver):
     """Moving average of the per-batch range: ``x_min = x_min + c * (min(X) - x_min)`` (likewise
     ``x_max``); the first input sets the range. ``c = averaging_constant`` in ``[0, 1]``."""
+
+    _AVERAGING = True
 
     def __init__(
         self,
@@ -493,20 +523,16 @@ class MovingAverageMinMaxObserver(MinMaxObserver):
         *,
         factory_kwargs: Mapping[str, Any] | None = None,
         ignore_nonfinite: bool = False,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
-        self._set_averaging_constant(averaging_constant)
-        if is_dynamic and self._averaging_constant != 1:
-            raise ValueError(
-                f"is_dynamic=True needs averaging_constant=1 in {type(self).__name__}, got {averaging_constant!r}"
-            )
-        super().__init__(
-            dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
-            ignore_nonfinite=ignore_nonfinite, xp=xp,
+        self._setup(
+            averaging_constant=averaging_constant, dtype=dtype, qscheme=qscheme, reduce_range=reduce_range,
+            quant_min=quant_min, quant_max=quant_max, factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic,
+            ignore_nonfinite=ignore_nonfinite, **backend,
         )
 
 
-class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
+class PerChannelMinMaxObserver(_MinMaxFamily):
     """Running min/max per channel along ``ch_axis`` (reducing every other axis); qparams per channel.
     The number of channels is learnt from the first input; ``ch_axis`` (negative counts from the end)
     is checked against each input's number of dimensions."""
@@ -526,17 +552,13 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
         is_dynamic: bool = False,
         *,
         ignore_nonfinite: bool = False,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
-        if isinstance(ch_axis, bool) or not isinstance(ch_axis, (int, np.integer)):
-            raise TypeError(f"ch_axis must be an int, got {type(ch_axis).__name__} {ch_axis!r}")
-        if is_dynamic:
-            raise ValueError(f"is_dynamic=True is not supported by {type(self).__name__}")
-        super().__init__(
-            dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
-            ignore_nonfinite=ignore_nonfinite, xp=xp,
+        self._setup(
+            ch_axis=ch_axis, dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min,
+            quant_max=quant_max, factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic,
+            ignore_nonfinite=ignore_nonfinite, **backend,
         )
-        self.ch_axis = int(ch_axis)
 
     def extra_repr(self) -> str:
         return f"ch_axis={self.ch_axis}, " + super().extra_repr()
@@ -545,6 +567,8 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
 class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
     """Per-channel moving average: ``x_min[c] = x_min[c] + a * (min(X[c]) - x_min[c])`` with
     ``a = averaging_constant`` in ``[0, 1]``; the first input sets the ranges."""
+
+    _AVERAGING = True
 
     def __init__(
         self,
@@ -560,12 +584,12 @@ class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
         *,
         factory_kwargs: Mapping[str, Any] | None = None,
         ignore_nonfinite: bool = False,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
-        self._set_averaging_constant(averaging_constant)
-        super().__init__(
-            ch_axis, dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
-            ignore_nonfinite=ignore_nonfinite, xp=xp,
+        self._setup(
+            averaging_constant=averaging_constant, ch_axis=ch_axis, dtype=dtype, qscheme=qscheme,
+            reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max, factory_kwargs=factory_kwargs,
+            eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **backend,
         )
 
 

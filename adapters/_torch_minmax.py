@@ -26,7 +26,9 @@ from .._dtypes import parse_dtype
 from .._qparams import UNINITIALIZED_WARNING
 from .._validate import INF, check_averaging_constant, check_bool, check_channel_count
 from ..families import minmax as minmax_family
+from . import _array_observers as _base
 from ._array_observers import ObserveLoop, check_entry, check_minmax_entries, host_array
+from ._catalog import constructor_on
 from ._torch_distributed import SyncMixin, mean_of_replicas
 from ._torch_pt2e import link_torchao, pt2e_observer
 
@@ -389,48 +391,48 @@ def _check_symmetric_reduce_range(observer: UniformQuantizationObserverBase) -> 
         raise NotImplementedError("Cannot reduce range for symmetric quantization for quint8")
 
 
-class MinMaxObserver(UniformQuantizationObserverBase):
-    r"""Running min/max of everything observed (per tensor):
-    ``x_min = min(x_min, min(X))``, ``x_max = max(x_max, max(X))``; qparams as in the base class.
-
-    Same arguments as ``torch.ao.quantization.MinMaxObserver`` plus ``ignore_nonfinite`` (skip
-    NaN/Inf; default ``False`` keeps torch's behaviour, where a NaN poisons min/max).
-    """
+class _MinMaxFamily(UniformQuantizationObserverBase):
+    r"""The torch base of torch.ao's four min/max observers, whose public constructors are the generic
+    classes' (``_catalog.constructor_on``): ``_setup`` checks their arguments as torch does, in torch's
+    order and with its exception types, and registers the buffers ``min_val``/``max_val`` (0-d per
+    tensor; per channel empty until the first batch fixes the number of channels). Per channel with
+    ``per_channel_affine_float_qparams``: ``s = (x_max - x_min) / (Q_max - Q_min)`` (1 where ``s <= eps``),
+    ``z = -x_min / s``. ``ignore_nonfinite=True`` skips NaN/Inf (default ``False`` keeps torch's behaviour,
+    where a NaN poisons min/max)."""
 
     min_val: torch.Tensor
     max_val: torch.Tensor
 
-    def __init__(
-        self,
-        dtype=torch.quint8,
-        qscheme=torch.per_tensor_affine,
-        reduce_range=False,
-        quant_min=None,
-        quant_max=None,
-        factory_kwargs=None,
-        eps=_FLOAT32_EPS,
-        is_dynamic=False,
-        *,
-        ignore_nonfinite=False,
-        **kwargs,
-    ) -> None:
-        _check_qscheme(qscheme, type(self).__name__, per_channel=False)
+    def _setup(self, *, dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
+               ignore_nonfinite, averaging_constant=None, ch_axis=None, **kwargs) -> None:
+        owner, per_channel = type(self).__name__, self._PER_CHANNEL
+        _check_qscheme(qscheme, owner, per_channel=per_channel)
+        if is_dynamic and per_channel:
+            raise NotImplementedError(f"{owner} doesn't support dynamic quantization")
+        if self._AVERAGING:
+            if is_dynamic and check_averaging_constant(averaging_constant) != 1:
+                raise NotImplementedError(
+                    f"{owner} doesn't support dynamic quantization for averaging constant of {averaging_constant}"
+                )
+            check_averaging_constant(averaging_constant)
+        if per_channel and (isinstance(ch_axis, bool) or not isinstance(ch_axis, (int, np.integer))):
+            raise TypeError(f"ch_axis must be an int, got {type(ch_axis).__name__} {ch_axis!r}")
         super().__init__(
-            dtype=dtype,
-            qscheme=qscheme,
-            reduce_range=reduce_range,
-            quant_min=quant_min,
-            quant_max=quant_max,
-            factory_kwargs=factory_kwargs,
-            eps=eps,
-            is_dynamic=is_dynamic,
-            ignore_nonfinite=ignore_nonfinite,
-            **kwargs,
+            dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max,
+            factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **kwargs,
         )
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
-        self.register_buffer("min_val", torch.tensor(INF, **factory_kwargs))
-        self.register_buffer("max_val", torch.tensor(-INF, **factory_kwargs))
+        if per_channel:
+            self.ch_axis = int(ch_axis)
+        self.register_buffer("min_val", torch.tensor([] if per_channel else INF, **factory_kwargs))
+        self.register_buffer("max_val", torch.tensor([] if per_channel else -INF, **factory_kwargs))
         _check_symmetric_reduce_range(self)
+        if self._AVERAGING:
+            self.averaging_constant = averaging_constant
+
+
+class _MinMaxObserver(_MinMaxFamily):
+    """Per tensor: qparams of the 0-d buffers."""
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""Scale and zero point of the observed range."""
@@ -445,101 +447,10 @@ class MinMaxObserver(UniformQuantizationObserverBase):
         self.max_val.fill_(-INF)
 
 
-class MovingAverageMinMaxObserver(MinMaxObserver):
-    r"""Moving average of each batch's min/max (per tensor): the first batch sets the range, then
-    ``x_min = x_min + c * (min(X) - x_min)`` and ``x_max = x_max + c * (max(X) - x_max)`` with
-    ``c = averaging_constant`` in ``[0, 1]``.
-    """
-
-    _AVERAGING = True
-
-    def __init__(
-        self,
-        averaging_constant=0.01,
-        dtype=torch.quint8,
-        qscheme=torch.per_tensor_affine,
-        reduce_range=False,
-        quant_min=None,
-        quant_max=None,
-        eps=_FLOAT32_EPS,
-        is_dynamic=False,
-        *,
-        ignore_nonfinite=False,
-        **kwargs,
-    ) -> None:
-        _check_qscheme(qscheme, "MovingAverageMinMaxObserver", per_channel=False)
-        if is_dynamic and check_averaging_constant(averaging_constant) != 1:
-            raise NotImplementedError(
-                f"MovingAverageMinMaxObserver doesn't support dynamic quantization for averaging constant "
-                f"of {averaging_constant}"
-            )
-        check_averaging_constant(averaging_constant)
-        super().__init__(
-            dtype=dtype,
-            qscheme=qscheme,
-            reduce_range=reduce_range,
-            quant_min=quant_min,
-            quant_max=quant_max,
-            eps=eps,
-            is_dynamic=is_dynamic,
-            ignore_nonfinite=ignore_nonfinite,
-            **kwargs,
-        )
-        self.averaging_constant = averaging_constant
-
-    #: sync_observers: the mean of the replicas' moving averages
-    _REPLICA_MERGE = staticmethod(mean_of_replicas)
-
-
-class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
-    r"""Running min/max per channel along ``ch_axis`` (negative counts from the end); the buffers
-    are empty until the first batch fixes the number of channels. Qparams per channel as in the
-    base class, or with ``per_channel_affine_float_qparams``: ``s = (x_max - x_min) / (Q_max - Q_min)``
-    (1 where ``s <= eps``), ``z = -x_min / s``.
-    """
+class _PerChannelMinMaxObserver(_MinMaxFamily):
+    """Per channel: qparams of the (C,) buffers; state dicts of torch's versions load."""
 
     _PER_CHANNEL = True
-
-    min_val: torch.Tensor
-    max_val: torch.Tensor
-
-    def __init__(
-        self,
-        ch_axis=0,
-        dtype=torch.quint8,
-        qscheme=torch.per_channel_affine,
-        reduce_range=False,
-        quant_min=None,
-        quant_max=None,
-        factory_kwargs=None,
-        eps=_FLOAT32_EPS,
-        is_dynamic=False,
-        *,
-        ignore_nonfinite=False,
-        **kwargs,
-    ) -> None:
-        _check_qscheme(qscheme, type(self).__name__, per_channel=True)
-        if is_dynamic:
-            raise NotImplementedError(f"{type(self).__name__} doesn't support dynamic quantization")
-        if isinstance(ch_axis, bool) or not isinstance(ch_axis, (int, np.integer)):
-            raise TypeError(f"ch_axis must be an int, got {type(ch_axis).__name__} {ch_axis!r}")
-        super().__init__(
-            dtype=dtype,
-            qscheme=qscheme,
-            reduce_range=reduce_range,
-            quant_min=quant_min,
-            quant_max=quant_max,
-            factory_kwargs=factory_kwargs,
-            eps=eps,
-            is_dynamic=is_dynamic,
-            ignore_nonfinite=ignore_nonfinite,
-            **kwargs,
-        )
-        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
-        self.ch_axis = int(ch_axis)
-        self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
-        self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
-        _check_symmetric_reduce_range(self)
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""Per-channel scales and zero points of the observed ranges."""
@@ -580,47 +491,22 @@ class PerChannelMinMaxObserver(UniformQuantizationObserverBase):
         self.max_val = torch.empty(0, dtype=self.max_val.dtype, device=self.max_val.device)
 
 
-class MovingAveragePerChannelMinMaxObserver(PerChannelMinMaxObserver):
-    r"""Moving average of each batch's per-channel min/max: the first batch sets the ranges, then
-    ``x_min = x_min + c * (min(X) - x_min)`` per channel (same for max), ``c = averaging_constant``.
-    """
+_TORCH_DEFAULTS = {"quint8": torch.quint8, QScheme.PER_TENSOR_AFFINE: torch.per_tensor_affine,
+                   QScheme.PER_CHANNEL_AFFINE: torch.per_channel_affine}
 
-    _AVERAGING = True
 
-    def __init__(
-        self,
-        averaging_constant=0.01,
-        ch_axis=0,
-        dtype=torch.quint8,
-        qscheme=torch.per_channel_affine,
-        reduce_range=False,
-        quant_min=None,
-        quant_max=None,
-        eps=_FLOAT32_EPS,
-        is_dynamic=False,
-        *,
-        ignore_nonfinite=False,
-        **kwargs,
-    ) -> None:
-        _check_qscheme(qscheme, "MovingAveragePerChannelMinMaxObserver", per_channel=True)
-        if is_dynamic:
-            raise NotImplementedError("MovingAveragePerChannelMinMaxObserver doesn't support dynamic quantization")
-        check_averaging_constant(averaging_constant)
-        super().__init__(
-            ch_axis=ch_axis,
-            dtype=dtype,
-            qscheme=qscheme,
-            reduce_range=reduce_range,
-            quant_min=quant_min,
-            quant_max=quant_max,
-            eps=eps,
-            is_dynamic=is_dynamic,
-            ignore_nonfinite=ignore_nonfinite,
-            **kwargs,
-        )
-        self.averaging_constant = averaging_constant
+def _public(generic: type, base: type, **attributes) -> type:
+    """``generic``'s public constructor on ``base``, with torch's default dtype and qscheme objects."""
+    return constructor_on(generic, base, __name__, _TORCH_DEFAULTS, **attributes)
 
-    _REPLICA_MERGE = staticmethod(mean_of_replicas)
+
+#: the moving averages' sync_observers merge: the mean of the replicas
+_AVERAGED = dict(_AVERAGING=True, _REPLICA_MERGE=staticmethod(mean_of_replicas))
+MinMaxObserver = _public(_base.MinMaxObserver, _MinMaxObserver)
+MovingAverageMinMaxObserver = _public(_base.MovingAverageMinMaxObserver, MinMaxObserver, **_AVERAGED)
+PerChannelMinMaxObserver = _public(_base.PerChannelMinMaxObserver, _PerChannelMinMaxObserver)
+MovingAveragePerChannelMinMaxObserver = _public(_base.MovingAveragePerChannelMinMaxObserver, PerChannelMinMaxObserver,
+                                                **_AVERAGED)
 
 
 # ``HistogramObserver(UniformQuantizationObserverBase)`` (module ``_torch_histogram``, re-exported at the
