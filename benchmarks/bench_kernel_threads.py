@@ -1,7 +1,7 @@
 """How many threads our compiled kernels should take between a model's layers: an A/B in one process.
 
 The ResNet-18-shaped calibration of ``bench_model_calibration.py`` (eager ``prepare``, batch 8 at
-224x224, 8 batches) runs with our HistogramObserver and KLObserver, once with the kernels on the calling
+224x224, 8 batches) runs with our HistogramObserver, KLObserver and MixObserver (``--only`` picks), once with the kernels on the calling
 thread alone (``OBSERVERS_CORE_THREADS=1``, the rule at torch's default thread count) and once with them
 on as many threads as torch uses (``OBSERVERS_CORE_THREADS=torch.get_num_threads()``, the rule before
 it), the settings alternating within each round (which one goes first alternates between rounds).
@@ -30,6 +30,7 @@ from observers_core.adapters import torch as ours  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", nargs="*", help="run only configurations whose name contains one of these")
     args = parser.parse_args()
     many = torch.get_num_threads()
     print(machine_line("torch", "numpy", "numba"))
@@ -39,7 +40,11 @@ def main() -> int:
         "ours HistogramObserver": eager_run(ours.HistogramObserver.with_args(reduce_range=True), weight),
         "ours KLObserver": eager_run(
             ours.KLObserver.with_args(dtype=torch.quint8, qscheme=torch.per_tensor_affine), weight),
+        "ours MixObserver": eager_run(
+            ours.MixObserver.with_args(dtype=torch.quint8, qscheme=torch.per_tensor_affine), weight),
     }
+    if args.only:
+        configs = {name: run for name, run in configs.items() if any(key in name for key in args.only)}
     settings = {"1 thread": "1", f"{many} threads": str(many)}
     model, batches = make_model(), make_batches(8, 8)
     float_times: list[float] = []
