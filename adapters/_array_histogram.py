@@ -116,8 +116,19 @@ class HistogramObserver(UniformQuantizationObserverBase):
         *,
         upsample_rate: int = 16,
         ignore_nonfinite: bool = False,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
+        self._setup(
+            bins=bins, dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min,
+            quant_max=quant_max, factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic,
+            upsample_rate=upsample_rate, ignore_nonfinite=ignore_nonfinite, **backend,
+        )
+
+    def _setup(self, *, bins: int, dtype: Any, qscheme: QScheme | str, reduce_range: bool, quant_min: int | None,
+               quant_max: int | None, factory_kwargs: Mapping[str, Any] | None, eps: float, is_dynamic: bool,
+               upsample_rate: int, ignore_nonfinite: bool, xp: Any = None) -> None:
+        """The checks of the constructor's arguments (every framework's base has a ``_setup``: the torch
+        class is this constructor bound to ``adapters.torch``'s base)."""
         owner = type(self).__name__
         self._bins = check_bins(bins)
         self._upsample_rate = check_upsample_rate(upsample_rate)

@@ -47,11 +47,13 @@ import torch
 
 from observers_core._histogram import HistogramState, check_bins, check_upsample_rate, histogram
 from observers_core._l2_search import non_linear_param_search, quantization_error
-from observers_core._dtypes import FLOAT32_EPS
+from observers_core._dtypes import QScheme
 from observers_core._validate import INF
 from observers_core.families import histogram as family
 
+from . import _array_histogram
 from ._array_histogram import check_dtype, check_loaded_state
+from ._catalog import constructor_on
 from ._array_observers import check_entry
 from ._torch_distributed import fold_merge, merge_keys
 from ._torch_minmax import (
@@ -79,8 +81,10 @@ class UnsupportedConfigError(ValueError, NotImplementedError):
     here (naming the argument), still caught by ``except NotImplementedError``."""
 
 
-class HistogramObserver(UniformQuantizationObserverBase):
-    r"""Running histogram of everything observed and torch's L2 search for the clipping range.
+class _HistogramObserver(UniformQuantizationObserverBase):
+    r"""The torch base of ``HistogramObserver`` (its public constructor is the generic class's, bound by
+    ``_catalog.constructor_on``; ``_setup`` checks the arguments as torch does): a running histogram of
+    everything observed and torch's L2 search for the clipping range.
 
     ``forward(x)``: ``min_val = min(min_val, min(x))``, ``max_val = max(max_val, max(x))``; ``x`` is binned
     (``bins`` bins) on the new range and added to the old histogram moved onto it (unchanged when the
@@ -95,22 +99,8 @@ class HistogramObserver(UniformQuantizationObserverBase):
     min_val: torch.Tensor
     max_val: torch.Tensor
 
-    def __init__(
-        self,
-        bins=2048,
-        dtype=torch.quint8,
-        qscheme=torch.per_tensor_affine,
-        reduce_range=False,
-        quant_min=None,
-        quant_max=None,
-        factory_kwargs=None,
-        eps=FLOAT32_EPS,
-        is_dynamic=False,
-        *,
-        upsample_rate=16,
-        ignore_nonfinite=False,
-        **kwargs,
-    ) -> None:
+    def _setup(self, *, bins, dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
+               upsample_rate, ignore_nonfinite, **kwargs) -> None:
         bins = check_bins(bins)
         upsample_rate = check_upsample_rate(upsample_rate)
         if not to_core_qscheme(qscheme).is_per_tensor:
@@ -123,16 +113,8 @@ class HistogramObserver(UniformQuantizationObserverBase):
                                          "dynamic quantization")  # fmt: skip
         dst_nbins = check_dtype(to_core_dtype(dtype), "HistogramObserver")
         super().__init__(
-            dtype=dtype,
-            qscheme=qscheme,
-            reduce_range=reduce_range,
-            quant_min=quant_min,
-            quant_max=quant_max,
-            factory_kwargs=factory_kwargs,
-            eps=eps,
-            is_dynamic=is_dynamic,
-            ignore_nonfinite=ignore_nonfinite,
-            **kwargs,
+            dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max,
+            factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **kwargs,
         )
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
         self.bins = bins
@@ -268,5 +250,9 @@ class HistogramObserver(UniformQuantizationObserverBase):
         return f"min_val={self.min_val}, max_val={self.max_val}" + rate + self._repr_suffix()
 
 
+HistogramObserver = constructor_on(
+    _array_histogram.HistogramObserver, _HistogramObserver, __name__,
+    {"quint8": torch.quint8, QScheme.PER_TENSOR_AFFINE: torch.per_tensor_affine},
+)
 default_histogram_observer = HistogramObserver.with_args(quant_min=0, quant_max=127)
 """Default histogram observer, usually used for PTQ (activations in [0, 127])."""
