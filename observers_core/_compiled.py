@@ -1018,105 +1018,182 @@ def pick_kernel(objective, tol, slack, relative, last, out):  # pragma: no cover
         out[c] = pick
 
 
-_PCT_BLOCK = 32  # percentile_rows_kernel sums the counts in blocks of this many bins, then scans the blocks
+_PCT_BLOCK = 128  # percentile_rows_kernel sums the counts in blocks of this many bins, then scans the blocks
+_PCT_SHIFT = 2.0**52  # an integer count v in [0, 2**52): the bits of v + 2**52, as an int64, are
+_PCT_SHIFT_BITS = 0x4330000000000000  # these plus v
+
+if numba is not None:
+
+    @_intrinsic
+    def _float_bits(typingctx, x):
+        """The bits of a float64 as an int64 (a bitcast), inside kernels."""
+        if x != _types.float64:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], context.get_value_type(_types.int64))
+
+        return _types.int64(x), codegen
+
+    @_intrinsic
+    def _load_acquire(typingctx, ary, index):
+        """``ary[index]`` of a 1-d int64 array as an atomic load with acquire order: it sees another
+        thread's stores made before a :func:`_store_release` whose value it reads."""
+        if not (isinstance(ary, _types.Array) and ary.dtype == _types.int64 and ary.ndim == 1):
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.load_atomic(_item_pointer(context, builder, signature, args), "acquire", 8)
+
+        return _types.int64(ary, _types.intp), codegen
+
+    @_intrinsic
+    def _store_release(typingctx, ary, index, value):
+        """``ary[index] = value`` (1-d int64) as an atomic store with release order."""
+        if not (isinstance(ary, _types.Array) and ary.dtype == _types.int64 and ary.ndim == 1):
+            return None
+
+        def codegen(context, builder, signature, args):
+            builder.store_atomic(args[2], _item_pointer(context, builder, signature, args), "release", 8)
+            return context.get_dummy_value()
+
+        return _types.none(ary, _types.intp, _types.int64), codegen
+
+    def _item_pointer(context, builder, signature, args):
+        from numba.core import cgutils
+
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        return cgutils.get_item_pointer(context, builder, signature.args[0], ary, [args[1]])
+
+else:
+    _float_bits = _load_acquire = _store_release = None
 
 
 @kernel()
-def _int_row_blocks(row, e, blocks):  # pragma: no cover (compiled)
-    """One pass over a row of integer counts and its edges ``e``: the block sums into ``blocks`` (int64;
-    the last holds the bins after the full blocks) and a status: 1 a count is negative,
-    4 one reaches 2**40 (int64 block sums might overflow: not handled exactly), 2 the edges are not finite
-    or not non-decreasing (finite ends, ``e[j + 1] >= e[j]`` everywhere, false for NaN). (The OR of all
-    counts has the sign bit, or a bit from 40 up, exactly when one of them has.)"""
+def _int_row_blocks(row, e, edges, blocks):  # pragma: no cover (compiled)
+    """One pass over a row of integer counts (and its edges ``e`` if ``edges``): the block sums into
+    ``blocks`` (int64; the last holds the bins after the full blocks); returns the OR of the counts, which
+    has the sign bit, or a bit from 40 up, exactly when one of them has (the caller tests it: a test here
+    stops LLVM vectorizing the loop), and whether the edges are fine (:func:`_edge_ends_ok`)."""
     n = row.shape[0]
     full = n // _PCT_BLOCK
     bits, bad = 0, 0
-    for b in range(full):
-        base = b * _PCT_BLOCK
-        acc = 0
-        for j in range(_PCT_BLOCK):
-            v = np.int64(row[base + j])
-            acc += v
-            bits |= v
-            bad += 0 if e[base + j + 1] >= e[base + j] else 1
-        blocks[b] = acc
-    acc = 0
-    for j in range(full * _PCT_BLOCK, n):
-        v = np.int64(row[j])
-        acc += v
-        bits |= v
-        bad += 0 if e[j + 1] >= e[j] else 1
-    blocks[full] = acc
-    edges_ok = bad == 0 and e[0] - e[0] == 0 and e[n] - e[n] == 0
-    return (1 if bits < 0 else (4 if bits >= 2**40 else 0)) | (0 if edges_ok else 2)
-
-
-@kernel()
-def _float_row_blocks(row, e, blocks):  # pragma: no cover (compiled)
-    """:func:`_int_row_blocks` for float counts: status 1 if a count is negative or not finite, 4 if one is
-    not an integer (then the block sums are unspecified); each block summed in four lanes (exact, in any
-    order, for integers below 2**53)."""
-    n = row.shape[0]
-    full = n // _PCT_BLOCK
-    bad, frac, lo, total = 0, 0.0, 0.0, 0.0
     for b in range(full + 1):
         base = b * _PCT_BLOCK
-        size = _PCT_BLOCK if b < full else n - base
-        a0 = a1 = a2 = a3 = 0.0
-        lanes = size - size % 4
-        for j in range(0, lanes, 4):
-            v0, v1 = np.float64(row[base + j]), np.float64(row[base + j + 1])
-            v2, v3 = np.float64(row[base + j + 2]), np.float64(row[base + j + 3])
-            a0 += v0
-            a1 += v1
-            a2 += v2
-            a3 += v3
-            frac += ((v0 - np.floor(v0)) + (v1 - np.floor(v1))) + ((v2 - np.floor(v2)) + (v3 - np.floor(v3)))
-            m = min(min(v0, v1), min(v2, v3))
-            lo = m if m < lo else lo
-        for j in range(lanes, size):
-            v = np.float64(row[base + j])
-            a0 += v
-            frac += v - np.floor(v)
-            lo = v if v < lo else lo
-        for j in range(size):
-            bad += 0 if e[base + j + 1] >= e[base + j] else 1
-        block = (a0 + a1) + (a2 + a3)
-        total += block
-        blocks[b] = np.int64(block) if block < 2.0**53 else 0  # (not finite, or too large: status 1 or 4)
-    edges_ok = bad == 0 and e[0] - e[0] == 0 and e[n] - e[n] == 0
-    counts_bad = lo < 0.0 or total - total != 0.0  # a NaN or inf count makes the total NaN or inf
-    return (1 if counts_bad else (0 if frac == 0.0 and total < 2.0**53 else 4)) | (0 if edges_ok else 2)
+        acc = 0
+        if edges:
+            for j in range(_PCT_BLOCK if b < full else n - base):
+                v = np.int64(row[base + j])
+                acc += v
+                bits |= v
+                bad |= not e[base + j + 1] >= e[base + j]
+        else:
+            for j in range(_PCT_BLOCK if b < full else n - base):
+                v = np.int64(row[base + j])
+                acc += v
+                bits |= v
+        blocks[b] = acc
+    return bits, not edges or _edge_ends_ok(e, bad)
 
 
 @kernel()
-def percentile_rows_kernel(first, stop, counts, edges, keep, symmetric, integer, out):  # pragma: no cover
-    """:func:`percentile_range`'s bins for the rows ``first`` to ``stop`` of ``counts`` (C, B) (``integer``:
-    an integer dtype), edges (C or 1, B + 1), into ``out`` (C, 3) int64: the first bin ``i`` whose cumulative
-    count ``S_i`` reaches ``target = keep * N`` (``N`` the row's total), with ``symmetric=False`` also
-    ``bins - i'`` for the first ``i'`` whose count from the top reaches it, and a status: bit 1 a count
-    negative or not finite, bit 2 the row's edges not finite or decreasing, bit 4 the sums not exact
-    (then the indices are unspecified and the caller runs the array code).
+def _float_row_blocks(row, e, edges, blocks):  # pragma: no cover (compiled)
+    """The block sums of a row of float counts, as :func:`_int_row_blocks`, branch-free (vectorized): with
+    ``t = v + 2**52`` and ``d = bits(t) - bits(2**52)`` (int64), every count is an integer in ``[0, 2**40)``
+    (the int64 sums of :func:`_int_row_blocks` are exact) iff every ``t - 2**52 == v`` (false for NaN) and
+    the OR of the ``d`` lies in ``[0, 2**40)``: ``d`` does exactly for ``t`` in ``[2**52, 2**52 + 2**40)``,
+    where ``t - 2**52`` is exact, an integer, and equal to ``d``; then the block sums of the ``d`` are those
+    of the counts. Otherwise a second pass gives the status: 1 a count is negative or not finite, else 4
+    (the block sums unspecified: the caller runs the array code); plus 2 where the edges are not fine."""
+    n = row.shape[0]
+    full = n // _PCT_BLOCK
+    bits, inexact, bad = 0, 0, 0
+    for b in range(full + 1):
+        base = b * _PCT_BLOCK
+        acc = 0
+        if edges:
+            for j in range(_PCT_BLOCK if b < full else n - base):
+                v = np.float64(row[base + j])
+                t = v + _PCT_SHIFT
+                d = _float_bits(t) - _PCT_SHIFT_BITS
+                acc += d
+                bits |= d
+                inexact |= t - _PCT_SHIFT != v
+                bad |= not e[base + j + 1] >= e[base + j]
+        else:
+            for j in range(_PCT_BLOCK if b < full else n - base):
+                v = np.float64(row[base + j])
+                t = v + _PCT_SHIFT
+                d = _float_bits(t) - _PCT_SHIFT_BITS
+                acc += d
+                bits |= d
+                inexact |= t - _PCT_SHIFT != v
+        blocks[b] = acc
+    status = 0 if not edges or _edge_ends_ok(e, bad) else 2
+    if 0 <= bits < 2**40 and not inexact:
+        return status
+    for j in range(n):
+        v = np.float64(row[j])
+        if not 0.0 <= v < np.inf:  # (NaN too)
+            return status | 1
+    return status | 4
+
+
+@kernel()
+def _edge_ends_ok(e, bad):  # pragma: no cover (compiled)
+    """Whether the edges are finite and non-decreasing, given ``bad``, nonzero where some ``e[j + 1] >= e[j]``
+    is false (NaN too): then finite ends make every edge finite."""
+    n = e.shape[0] - 1
+    return bad == 0 and e[0] - e[0] == 0 and e[n] - e[n] == 0
+
+
+@kernel()
+def percentile_rows_kernel(counts, edges, keep, symmetric, integer, vals, progress, side):  # pragma: no cover
+    """:func:`percentile_range` for the rows of ``counts`` (C, B) (``integer``: 1 a signed integer dtype, 2 an
+    unsigned one, 0 a float dtype), edges
+    (C or 1, B + 1): ``vals[1, c] = edges[c, i]``, ``i`` the first bin whose cumulative count ``S_i`` reaches
+    ``target = keep * N`` (``N`` the row's total), ``vals[0, c]`` 0, with ``symmetric=False``
+    ``edges[c, bins - i']`` for the first ``i'`` whose count from the top reaches it.
+
+    Two threads may share the rows, each with its own ``vals``: ``side`` 0 takes rows 0, 1, ... and
+    publishes how many it has done in ``progress[0]``, side 1 rows C - 1, C - 2, ... (``progress[1]``:
+    how many, ``progress[2]``: the OR of their statuses); each stops where the other has been (a row may
+    be done twice, alike). Returns the OR of the statuses of the rows it did and the row it stopped
+    at (side 0: the rows from there on are side 1's). Status: bit 1 a count negative or not finite, bit 2
+    the edges not finite or decreasing (shared edges: checked with row 0 only), bit 4 the sums not exact
+    (then ``vals`` is unspecified and the caller runs the array code); a side stops at a row with bit 1
+    or 4 (side 1 leaves it to side 0).
 
     For integer counts with ``N < 2**53`` every partial sum is an exact integer in any order: one pass
-    sums the row in blocks of ``_PCT_BLOCK`` bins (and checks it and its edges), then ``S_{i-1} = N -
-    sum(counts[i:]) >= target``, i.e. ``sum(counts[i:]) <= N - ceil(target)``, is found by a scan from the
-    top over the block sums, then over the bins of one block (from the bottom for ``i'``): the array
-    code's comparisons exactly."""
-    bins = counts.shape[1]
+    sums the row in blocks of ``_PCT_BLOCK`` bins (and checks it), then ``S_{i-1} = N - sum(counts[i:]) >=
+    target``, i.e. ``sum(counts[i:]) <= N - ceil(target)``, is found by a scan from the top over the block
+    sums, then over the bins of one block (from the bottom for ``i'``): the array code's comparisons exactly."""
+    channels, bins = counts.shape
     full = bins // _PCT_BLOCK
     blocks = np.empty(full + 1, dtype=np.int64)
-    for c in range(first, stop):
+    shared = edges.shape[0] == 1
+    result = 0
+    for r in range(channels):
+        c = r if side == 0 else channels - 1 - r
+        if (c >= channels - _load_acquire(progress, 1)) if side == 0 else (c < _load_acquire(progress, 0)):
+            return result, c + side
         row = counts[c]
-        e = edges[c if edges.shape[0] > 1 else 0]  # (shared edges: checked again with each row, from cache)
-        status = _int_row_blocks(row, e, blocks) if integer else _float_row_blocks(row, e, blocks)
+        e = edges[0 if shared else c]
+        edges_too = not shared or c == 0
+        if integer:  # status 1: a count is negative, 4: one reaches 2**40 (int64 block sums might overflow;
+            bits, edges_ok = _int_row_blocks(row, e, edges_too, blocks)  # unsigned: also from 2**63 up)
+            status = (1 if bits < 0 and integer == 1 else (0 if 0 <= bits < 2**40 else 4)) | (0 if edges_ok else 2)
+        else:
+            status = _float_row_blocks(row, e, edges_too, blocks)
         total = 0
         for b in range(full + 1):
             total += blocks[b]
         status |= 0 if status & 1 or total < 2**53 else 4
-        out[c, 2] = status
         if status & 5:
-            continue
+            if side == 0:  # (the other side stops too)
+                _store_release(progress, 0, channels)
+            return result | status, c
+        result |= status
         slack = total - np.int64(np.ceil(keep * np.float64(total)))  # >= 0 (keep <= 1)
         b, suffix = full, 0  # block b holds bins [b * _PCT_BLOCK, min(bins, (b + 1) * _PCT_BLOCK))
         while b >= 1 and suffix + blocks[b] <= slack:  # every move down through block b is taken
@@ -1126,7 +1203,8 @@ def percentile_rows_kernel(first, stop, counts, edges, keep, symmetric, integer,
         while i > 0 and suffix + np.int64(row[i]) <= slack:
             suffix += np.int64(row[i])
             i -= 1
-        out[c, 0] = i
+        vals[1, c] = e[i]
+        vals[0, c] = 0
         if not symmetric:  # the first i' with sum(row[bins - 1 - i':]) >= target is bins - 1 - k, k the last
             b, prefix = 0, 0  # with sum(row[:k]) <= slack (from the bottom)
             while b < full and (b + 1) * _PCT_BLOCK <= bins - 1 and prefix + blocks[b] <= slack:
@@ -1136,4 +1214,10 @@ def percentile_rows_kernel(first, stop, counts, edges, keep, symmetric, integer,
             while k < bins - 1 and prefix + np.int64(row[k]) <= slack:
                 prefix += np.int64(row[k])
                 k += 1
-            out[c, 1] = k + 1
+            vals[0, c] = e[k + 1]
+        if side == 0:
+            _store_release(progress, 0, r + 1)
+        else:
+            _store_release(progress, 2, result)
+            _store_release(progress, 1, r + 1)
+    return result, channels if side == 0 else 0

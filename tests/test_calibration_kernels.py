@@ -290,9 +290,10 @@ def test_percentile_fast_path_runs_where_exact(monkeypatch):
     statuses = []
     kernel = _compiled.percentile_rows_kernel
 
-    def spy(first, stop, counts, edges, keep, symmetric, integer, out):
-        kernel(first, stop, counts, edges, keep, symmetric, integer, out)
-        statuses.extend(out[first:stop, 2].tolist())
+    def spy(*args):
+        status, stop = kernel(*args)
+        statuses.append(status)
+        return status, stop
 
     monkeypatch.setattr(_calibration, "percentile_rows_kernel", spy)
     monkeypatch.setattr(_compiled, "ENABLED", True)  # (also under OBSERVERS_CORE_NO_NUMBA=1)
@@ -345,3 +346,121 @@ def test_percentile_fast_path_torch_cpu(monkeypatch):
         for general, fast in zip(*got):
             assert isinstance(fast, torch.Tensor) and fast.dtype == general.dtype == torch.float32
             assert torch.equal(general, fast)
+
+
+def _pct_outcome(fn):
+    """``fn()``'s arrays as (dtype, shape, bytes), or its error."""
+    try:
+        return [(a.dtype, a.shape, a.tobytes()) for a in map(np.asarray, fn())]
+    except ValueError as err:
+        return str(err)
+
+
+def _pct_float_row(rng, bins):
+    """One row for the float-count kernel (the 2**52 shift): random, zero, one-hot, the limits of the exact
+    path (2**52 and 2**53, totals near 2**53), non-integers and invalid counts, in the full blocks or the tail."""
+    kind = int(rng.integers(12))
+    h = rng.integers(0, 50, bins).astype(np.float64)
+    at = int(rng.integers(bins)) if kind % 2 else bins - 1  # (the tail after the full blocks, when there is one)
+    if kind == 1:
+        h[:] = 0.0
+    elif kind == 2:
+        h[:] = 0.0
+        h[at] = float(rng.choice([1.0, 2.0**52 - 1, 2.0**52, 2.0**52 + 2, 2.0**53 - 2, 2.0**53]))
+    elif kind == 3:
+        h[:] = rng.choice([-0.0, 0.0], bins)
+    elif kind == 4:
+        h[at] = float(rng.choice([0.5, 1e-300, 5e-324, 2.0**52 - 0.5, 2.0**51 + 0.5, 3.0 + 2**-40]))
+    elif kind == 5:
+        h[at] = float(rng.choice([np.nan, np.inf, -np.inf, -1.0, -0.5, -2.0**52, -2.0**60, 1e308]))
+    elif kind == 6:
+        h = np.full(bins, float(2**53 // bins)) + rng.integers(0, 2, bins)  # totals around 2**53
+    elif kind == 7:
+        h = np.where(rng.random(bins) < 0.95, 0.0, rng.integers(1, 2**40, bins).astype(np.float64))
+    return h
+
+
+def test_percentile_totals_past_int64(monkeypatch):
+    """Counts whose int64 sum would wrap around (4096 x 2**51 = 2**63), and uint64 counts from 2**63 (negative
+    as int64): the array code, as with larger totals."""
+    from observers_core import percentile_range
+
+    for h in (np.full(4096, 2.0**51), np.full(4096, 2**51), np.full(4096, 2.0**40), np.full(4096, 2.0**39)):
+        for hh in (h, np.stack([h, h[::-1]])):
+            e = np.linspace(0.0, 1.0, 4097)
+            got = _both(lambda: _pct_outcome(lambda: percentile_range(hh, e, percentile=99.0, symmetric=False, xp=xp)),
+                        monkeypatch)
+            assert got[0] == got[1]
+    for h in (np.array([1, 2**63, 5], dtype=np.uint64), np.array([3, 2**40, 0], dtype=np.uint64),
+              np.array([3, 2**40 - 1, 0], dtype=np.uint64), np.array([3, 2**40, 0], dtype=np.int64)):
+        got = _both(lambda: _pct_outcome(lambda: percentile_range(h, np.arange(4.0), percentile=50.0, xp=xp)),
+                    monkeypatch)
+        assert got[0] == got[1] and not isinstance(got[0], str), h  # (uint64 from 2**63: no error, as before)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_percentile_float_counts_and_edges_adversarial(monkeypatch, symmetric):
+    from observers_core import percentile_range
+
+    rng = np.random.default_rng(31 + symmetric)
+    for case in range(120):
+        bins = int(rng.choice([1, 3, 31, 32, 33, 127, 128, 129, 256, 257]))
+        channels = int(rng.choice([1, 2, 5]))
+        h = np.stack([_pct_float_row(rng, bins) for _ in range(channels)])
+        if case % 4 == 3:
+            with np.errstate(over="ignore"):  # (1e308: inf)
+                h = h.astype(np.float32)
+        shared = case % 3 == 0
+        e = np.cumsum(rng.random((1 if shared else channels, bins + 1)), axis=-1) - 1.0
+        if case % 5 == 4:  # a bad edge: first, last, or in the tail
+            where = int(rng.choice([0, bins, bins - 1, bins // 2]))
+            e[int(rng.integers(e.shape[0])), where] = float(rng.choice([np.nan, np.inf, -np.inf, -50.0]))
+        ee = e[0] if shared and case % 2 else e
+        for p in (100.0, 99.99, 50.0):
+            for check in (True, False):
+                got = _both(lambda: _pct_outcome(lambda: percentile_range(h, ee, percentile=p, symmetric=symmetric,
+                                                                          check=check, xp=xp)), monkeypatch)
+                assert got[0] == got[1], (case, p, check, h, e)
+
+
+def test_percentile_two_threads(monkeypatch):
+    """The calling thread and a pool thread share the rows from both ends: the same results with two
+    threads, and for every meeting row (side 1's rows published in ``progress`` before side 0 starts)."""
+    from observers_core import _calibration, percentile_range
+
+    monkeypatch.setenv("OBSERVERS_CORE_THREADS", "2")
+    monkeypatch.setattr(_calibration, "_PCT_GRAIN", 1 << 16)
+    rng = np.random.default_rng(41)
+    channels, bins = 80, 2048  # (2 threads from 2 * 2**16 counts)
+    for case in range(8):
+        h = rng.integers(0, 1000, (channels, bins))
+        h[rng.random(channels) < 0.2] = 0
+        e = np.sort(rng.random((1 if case % 2 else channels, bins + 1)), axis=-1)
+        if case >= 4:  # one invalid row or edge, anywhere
+            h = h.astype(np.float64)
+            if case == 4:
+                h[int(rng.integers(channels)), 7] = np.nan
+            elif case == 5:
+                h[int(rng.integers(channels)), 3] = 0.5
+            else:
+                e[int(rng.integers(e.shape[0])), 9] = -1.0
+        for symmetric in (True, False):
+            got = _both(lambda: _pct_outcome(lambda: percentile_range(h, e, percentile=99.9, symmetric=symmetric,
+                                                                      xp=xp)), monkeypatch)
+            assert got[0] == got[1], case
+    kernel = _compiled.percentile_rows_kernel
+    h = rng.integers(0, 1000, (9, 100))
+    e = np.sort(rng.random((9, 101)), axis=-1)
+    expected = np.empty((2, 9))
+    assert kernel(h, e, 0.99, False, True, expected, np.zeros(3, np.int64), 0) == (0, 9)
+    for done in range(10):
+        vals, theirs, progress = np.full((2, 9), np.nan), np.full((2, 9), np.nan), np.zeros(3, np.int64)
+        progress[1] = done
+        status, stop = kernel(h, e, 0.99, False, True, vals, progress, 0)
+        assert (status, stop) == (0, 9 - done)
+        progress[:] = (stop, 0, 0)
+        assert kernel(h, e, 0.99, False, True, theirs, progress, 1) == (0, stop)
+        assert progress[1] == 9 - stop
+        vals[:, stop:] = theirs[:, stop:]
+        np.testing.assert_array_equal(vals, expected)
+    assert _calibration._percentile_rows(h, e, 0.99, False, np.empty((2, 9))) == 0
