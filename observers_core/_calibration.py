@@ -1095,43 +1095,12 @@ def _percentile_host(hist: Array, edges: Array, keep: float, symmetric: bool, ch
         return None
     counts, rows = hv.reshape(-1, bins), ev.reshape(-1, bins + 1)
     vals = np.empty((2, counts.shape[0]), ed if ed.kind == "f" else np.float64)  # lo, hi
-    status = _percentile_rows(counts, rows, keep, symmetric, vals)
+    status = percentile_rows_kernel(counts, rows, keep, symmetric, "fiu".index(counts.dtype.kind), vals)
     if check:
         _raise_unless(not status & 1, not status & 2)
     if status & 5:
         return None
     return from_host(vals[0].reshape(lead), xp), from_host(vals[1].reshape(lead), xp)
-
-
-_PCT_GRAIN = 1 << 20  # _percentile_rows: counts per thread (threads(grain=)); see there
-
-
-def _percentile_rows(counts: np.ndarray, rows: np.ndarray, keep: float, symmetric: bool, vals: np.ndarray) -> int:
-    """:func:`~observers_core._compiled.percentile_rows_kernel` over all rows into ``vals``; the OR of the
-    rows' statuses. With :func:`threads` > 1 a pool thread takes rows from the top into a buffer of its
-    own while the calling thread takes them from the bottom, until they meet; the calling thread never
-    waits (it does every row itself if the pool thread has not started) and copies only rows the pool
-    thread has published as done.
-
-    The pass reads the counts and edges at memory speed: on the 2-core benchmark machine a pool thread
-    made 256 x 2048 counts slower (about 270 us against 205 us alone, ``bench_calibrators``' rows, other
-    work on the machine); hence one thread per ``_PCT_GRAIN`` counts."""
-    channels, integer = counts.shape[0], "fiu".index(counts.dtype.kind)  # (0 float, 1 signed, 2 unsigned)
-    progress = np.zeros(3, dtype=np.int64)
-    workers = threads(counts.size, grain=_PCT_GRAIN) if channels > 1 else 1
-    if workers > 1:
-        from ._compiled import _executor
-
-        theirs = np.empty_like(vals)
-        helper = _executor(workers).submit(percentile_rows_kernel, counts, rows, keep, symmetric, integer, theirs,
-                                           progress, 1)
-    status, stop = percentile_rows_kernel(counts, rows, keep, symmetric, integer, vals, progress, 0)
-    if workers > 1:
-        helper.cancel()  # (if it never started)
-        if stop < channels and not status & 5:
-            vals[:, stop:] = theirs[:, stop:]
-            status |= int(progress[2])
-    return status
 
 
 def percentile_range(

@@ -1035,38 +1035,8 @@ if numba is not None:
 
         return _types.int64(x), codegen
 
-    @_intrinsic
-    def _load_acquire(typingctx, ary, index):
-        """``ary[index]`` of a 1-d int64 array as an atomic load with acquire order: it sees another
-        thread's stores made before a :func:`_store_release` whose value it reads."""
-        if not (isinstance(ary, _types.Array) and ary.dtype == _types.int64 and ary.ndim == 1):
-            return None
-
-        def codegen(context, builder, signature, args):
-            return builder.load_atomic(_item_pointer(context, builder, signature, args), "acquire", 8)
-
-        return _types.int64(ary, _types.intp), codegen
-
-    @_intrinsic
-    def _store_release(typingctx, ary, index, value):
-        """``ary[index] = value`` (1-d int64) as an atomic store with release order."""
-        if not (isinstance(ary, _types.Array) and ary.dtype == _types.int64 and ary.ndim == 1):
-            return None
-
-        def codegen(context, builder, signature, args):
-            builder.store_atomic(args[2], _item_pointer(context, builder, signature, args), "release", 8)
-            return context.get_dummy_value()
-
-        return _types.none(ary, _types.intp, _types.int64), codegen
-
-    def _item_pointer(context, builder, signature, args):
-        from numba.core import cgutils
-
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        return cgutils.get_item_pointer(context, builder, signature.args[0], ary, [args[1]])
-
 else:
-    _float_bits = _load_acquire = _store_release = None
+    _float_bits = None
 
 
 @kernel()
@@ -1148,21 +1118,16 @@ def _edge_ends_ok(e, bad):  # pragma: no cover (compiled)
 
 
 @kernel()
-def percentile_rows_kernel(counts, edges, keep, symmetric, integer, vals, progress, side):  # pragma: no cover
+def percentile_rows_kernel(counts, edges, keep, symmetric, integer, vals):  # pragma: no cover
     """:func:`percentile_range` for the rows of ``counts`` (C, B) (``integer``: 1 a signed integer dtype, 2 an
-    unsigned one, 0 a float dtype), edges
-    (C or 1, B + 1): ``vals[1, c] = edges[c, i]``, ``i`` the first bin whose cumulative count ``S_i`` reaches
-    ``target = keep * N`` (``N`` the row's total), ``vals[0, c]`` 0, with ``symmetric=False``
-    ``edges[c, bins - i']`` for the first ``i'`` whose count from the top reaches it.
-
-    Two threads may share the rows, each with its own ``vals``: ``side`` 0 takes rows 0, 1, ... and
-    publishes how many it has done in ``progress[0]``, side 1 rows C - 1, C - 2, ... (``progress[1]``:
-    how many, ``progress[2]``: the OR of their statuses); each stops where the other has been (a row may
-    be done twice, alike). Returns the OR of the statuses of the rows it did and the row it stopped
-    at (side 0: the rows from there on are side 1's). Status: bit 1 a count negative or not finite, bit 2
-    the edges not finite or decreasing (shared edges: checked with row 0 only), bit 4 the sums not exact
-    (then ``vals`` is unspecified and the caller runs the array code); a side stops at a row with bit 1
-    or 4 (side 1 leaves it to side 0).
+    unsigned one, 0 a float dtype), edges (C or 1, B + 1): ``vals[1, c] = edges[c, i]``, ``i`` the first bin
+    whose cumulative count ``S_i`` reaches ``target = keep * N`` (``N`` the row's total), ``vals[0, c]`` 0,
+    with ``symmetric=False`` ``edges[c, bins - i']`` for the first ``i'`` whose count from the top reaches
+    it. Returns the OR of the rows' statuses: bit 1 a count negative or not finite, bit 2 the edges not
+    finite or decreasing (shared edges: checked with row 0 only), bit 4 the sums not exact; it stops at the
+    first row with bit 1 or 4 (then ``vals`` is unspecified and the caller runs the array code). One
+    thread: the pass reads the counts at memory speed (a second thread made 256 x 2048 counts slower on
+    the 2-core benchmark machine).
 
     For integer counts with ``N < 2**53`` every partial sum is an exact integer in any order: one pass
     sums the row in blocks of ``_PCT_BLOCK`` bins (and checks it), then ``S_{i-1} = N - sum(counts[i:]) >=
@@ -1173,10 +1138,7 @@ def percentile_rows_kernel(counts, edges, keep, symmetric, integer, vals, progre
     blocks = np.empty(full + 1, dtype=np.int64)
     shared = edges.shape[0] == 1
     result = 0
-    for r in range(channels):
-        c = r if side == 0 else channels - 1 - r
-        if (c >= channels - _load_acquire(progress, 1)) if side == 0 else (c < _load_acquire(progress, 0)):
-            return result, c + side
+    for c in range(channels):
         row = counts[c]
         e = edges[0 if shared else c]
         edges_too = not shared or c == 0
@@ -1189,11 +1151,9 @@ def percentile_rows_kernel(counts, edges, keep, symmetric, integer, vals, progre
         for b in range(full + 1):
             total += blocks[b]
         status |= 0 if status & 1 or total < 2**53 else 4
-        if status & 5:
-            if side == 0:  # (the other side stops too)
-                _store_release(progress, 0, channels)
-            return result | status, c
         result |= status
+        if status & 5:
+            return result
         slack = total - np.int64(np.ceil(keep * np.float64(total)))  # >= 0 (keep <= 1)
         b, suffix = full, 0  # block b holds bins [b * _PCT_BLOCK, min(bins, (b + 1) * _PCT_BLOCK))
         while b >= 1 and suffix + blocks[b] <= slack:  # every move down through block b is taken
@@ -1215,9 +1175,4 @@ def percentile_rows_kernel(counts, edges, keep, symmetric, integer, vals, progre
                 prefix += np.int64(row[k])
                 k += 1
             vals[0, c] = e[k + 1]
-        if side == 0:
-            _store_release(progress, 0, r + 1)
-        else:
-            _store_release(progress, 2, result)
-            _store_release(progress, 1, r + 1)
-    return result, channels if side == 0 else 0
+    return result
