@@ -1040,80 +1040,64 @@ else:
 
 
 @kernel()
-def _int_row_blocks(row, e, edges, blocks):  # pragma: no cover (compiled)
-    """One pass over a row of integer counts (and its edges ``e`` if ``edges``): the block sums into
-    ``blocks`` (int64; the last holds the bins after the full blocks); returns the OR of the counts, which
-    has the sign bit, or a bit from 40 up, exactly when one of them has (the caller tests it: a test here
-    stops LLVM vectorizing the loop), and whether the edges are fine (:func:`_edge_ends_ok`)."""
+def _int_row_blocks(row, blocks):  # pragma: no cover (compiled)
+    """One pass over a row of integer counts: the block sums into ``blocks`` (int64; the last holds the bins
+    after the full blocks); returns the OR of the counts, which has the sign bit, or a bit from 40 up,
+    exactly when one of them has (the caller tests it: a test here stops LLVM vectorizing the loop)."""
     n = row.shape[0]
     full = n // _PCT_BLOCK
-    bits, bad = 0, 0
+    bits = 0
     for b in range(full + 1):
         base = b * _PCT_BLOCK
         acc = 0
-        if edges:
-            for j in range(_PCT_BLOCK if b < full else n - base):
-                v = np.int64(row[base + j])
-                acc += v
-                bits |= v
-                bad |= not e[base + j + 1] >= e[base + j]
-        else:
-            for j in range(_PCT_BLOCK if b < full else n - base):
-                v = np.int64(row[base + j])
-                acc += v
-                bits |= v
+        for j in range(_PCT_BLOCK if b < full else n - base):
+            v = np.int64(row[base + j])
+            acc += v
+            bits |= v
         blocks[b] = acc
-    return bits, not edges or _edge_ends_ok(e, bad)
+    return bits
 
 
 @kernel()
-def _float_row_blocks(row, e, edges, blocks):  # pragma: no cover (compiled)
+def _float_row_blocks(row, blocks):  # pragma: no cover (compiled)
     """The block sums of a row of float counts, as :func:`_int_row_blocks`, branch-free (vectorized): with
     ``t = v + 2**52`` and ``d = bits(t) - bits(2**52)`` (int64), every count is an integer in ``[0, 2**40)``
     (the int64 sums of :func:`_int_row_blocks` are exact) iff every ``t - 2**52 == v`` (false for NaN) and
     the OR of the ``d`` lies in ``[0, 2**40)``: ``d`` does exactly for ``t`` in ``[2**52, 2**52 + 2**40)``,
     where ``t - 2**52`` is exact, an integer, and equal to ``d``; then the block sums of the ``d`` are those
     of the counts. Otherwise a second pass gives the status: 1 a count is negative or not finite, else 4
-    (the block sums unspecified: the caller runs the array code); plus 2 where the edges are not fine."""
+    (the block sums unspecified: the caller runs the array code); 0 when fine."""
     n = row.shape[0]
     full = n // _PCT_BLOCK
-    bits, inexact, bad = 0, 0, 0
+    bits, inexact = 0, 0
     for b in range(full + 1):
         base = b * _PCT_BLOCK
         acc = 0
-        if edges:
-            for j in range(_PCT_BLOCK if b < full else n - base):
-                v = np.float64(row[base + j])
-                t = v + _PCT_SHIFT
-                d = _float_bits(t) - _PCT_SHIFT_BITS
-                acc += d
-                bits |= d
-                inexact |= t - _PCT_SHIFT != v
-                bad |= not e[base + j + 1] >= e[base + j]
-        else:
-            for j in range(_PCT_BLOCK if b < full else n - base):
-                v = np.float64(row[base + j])
-                t = v + _PCT_SHIFT
-                d = _float_bits(t) - _PCT_SHIFT_BITS
-                acc += d
-                bits |= d
-                inexact |= t - _PCT_SHIFT != v
+        for j in range(_PCT_BLOCK if b < full else n - base):
+            v = np.float64(row[base + j])
+            t = v + _PCT_SHIFT
+            d = _float_bits(t) - _PCT_SHIFT_BITS
+            acc += d
+            bits |= d
+            inexact |= t - _PCT_SHIFT != v
         blocks[b] = acc
-    status = 0 if not edges or _edge_ends_ok(e, bad) else 2
     if 0 <= bits < 2**40 and not inexact:
-        return status
+        return 0
     for j in range(n):
         v = np.float64(row[j])
         if not 0.0 <= v < np.inf:  # (NaN too)
-            return status | 1
-    return status | 4
+            return 1
+    return 4
 
 
 @kernel()
-def _edge_ends_ok(e, bad):  # pragma: no cover (compiled)
-    """Whether the edges are finite and non-decreasing, given ``bad``, nonzero where some ``e[j + 1] >= e[j]``
-    is false (NaN too): then finite ends make every edge finite."""
+def _edges_ok(e):  # pragma: no cover (compiled)
+    """Whether the edges are finite and non-decreasing: ``e[j + 1] >= e[j]`` everywhere (false for NaN)
+    and finite ends (which then make every edge finite); one branch-free pass."""
+    bad = 0
     n = e.shape[0] - 1
+    for j in range(n):
+        bad |= not e[j + 1] >= e[j]
     return bad == 0 and e[0] - e[0] == 0 and e[n] - e[n] == 0
 
 
@@ -1141,12 +1125,12 @@ def percentile_rows_kernel(counts, edges, keep, symmetric, integer, vals):  # pr
     for c in range(channels):
         row = counts[c]
         e = edges[0 if shared else c]
-        edges_too = not shared or c == 0
         if integer:  # status 1: a count is negative, 4: one reaches 2**40 (int64 block sums might overflow;
-            bits, edges_ok = _int_row_blocks(row, e, edges_too, blocks)  # unsigned: also from 2**63 up)
-            status = (1 if bits < 0 and integer == 1 else (0 if 0 <= bits < 2**40 else 4)) | (0 if edges_ok else 2)
+            bits = _int_row_blocks(row, blocks)  # unsigned: also from 2**63 up)
+            status = 1 if bits < 0 and integer == 1 else (0 if 0 <= bits < 2**40 else 4)
         else:
-            status = _float_row_blocks(row, e, edges_too, blocks)
+            status = _float_row_blocks(row, blocks)
+        status |= 0 if (shared and c > 0) or _edges_ok(e) else 2
         total = 0
         for b in range(full + 1):
             total += blocks[b]
