@@ -209,3 +209,36 @@ def test_an_empty_batch_is_a_no_op_on_every_backend(name, kwargs):
             after = [np.asarray(getattr(obs, k), dtype=np.float64) for k in ("min_val", "max_val")]
         for a, b in zip(after, before):
             np.testing.assert_array_equal(a, b, err_msg=backend)
+
+
+#: The public classes whose torch twin is the generic constructor on torch's base (README "Layout"); the
+#: others (FixedQParamsObserver, PlaceholderObserver, NoopObserver) subclass torch's own classes.
+DECLARED_ONCE = ["MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelMinMaxObserver",
+                 "MovingAveragePerChannelMinMaxObserver", "HistogramObserver", "KLObserver", "MSEObserver",
+                 "PercentileObserver", "MixObserver", "LowBitObserver", "PerGroupMinMaxObserver", "FP8Observer",
+                 "PerBlockMXObserver", "PerBlockBFPObserver"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", DECLARED_ONCE)
+def test_a_torch_class_is_the_generic_constructor_on_torchs_base(name):
+    """One declaration per public class: the torch class's constructor is the generic one's code, with the
+    same parameters in the same order and the same defaults, the core's dtype and qscheme defaults given as
+    torch's objects (which the generic class accepts too: the same configuration)."""
+    import inspect
+
+    from observers_core._dtypes import QScheme
+
+    generic, ours = GENERIC[name], getattr(torch_observers, name)
+    assert ours.__init__.__code__ is generic.__init__.__code__
+    assert issubclass(ours, torch.nn.Module)
+    assert ours.__doc__ == generic.__doc__ or name == "LowBitObserver"  # (torch's documents sync=)
+    mine, theirs = inspect.signature(ours).parameters, inspect.signature(generic).parameters
+    assert [(p.name, p.kind) for p in mine.values()] == [(p.name, p.kind) for p in theirs.values()]
+    for p in theirs.values():
+        default = mine[p.name].default
+        if isinstance(p.default, QScheme):
+            assert default is getattr(torch, p.default.value)
+        elif p.default in TORCH_DTYPES:
+            assert default in (p.default, TORCH_DTYPES[p.default])
+        else:
+            assert default == p.default or default is p.default, p.name
