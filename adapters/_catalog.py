@@ -41,9 +41,12 @@ def bind(backend_type: type[Backend], module_name: str) -> dict[str, type]:
 def constructor_on(generic: type, base: type, module_name: str, defaults: Mapping[Any, Any], **attributes: Any) -> type:
     """The class ``generic.__name__`` of ``module_name``: ``generic``'s public constructor (its signature, in
     order, with each default found in ``defaults`` replaced by its value there, e.g. the core's qscheme by
-    torch's object) over a framework's own ``base``, and ``generic``'s docstring. The constructor only
-    forwards its arguments to ``self._setup``, which ``base`` defines."""
+    torch's object) over a framework's own ``base``, ``generic``'s docstring and the configuration constants
+    its body sets (``_METHOD``, ``_FAMILY``, ``_PER_CHANNEL``, ``_AVERAGING``: upper-case private names),
+    then ``attributes``. The constructor only forwards its arguments to ``self._setup``, which ``base``
+    defines."""
     init = generic.__init__
+    constants = {k: v for k, v in vars(generic).items() if k[:1] == "_" and k[1:2].isupper()}
 
     def swap(value: Any) -> Any:
         return defaults.get(value, value) if isinstance(value, Hashable) else value
@@ -54,5 +57,5 @@ def constructor_on(generic: type, base: type, module_name: str, defaults: Mappin
     clone.__qualname__, clone.__module__ = f"{generic.__name__}.__init__", module_name
     return type(generic.__name__, (base,), {
         "__init__": clone, "__doc__": generic.__doc__, "__module__": module_name, "__qualname__": generic.__name__,
-        **attributes,
+        **constants, **attributes,
     })

@@ -257,7 +257,7 @@ _TORCH_DEFAULTS = {QScheme.PER_TENSOR_SYMMETRIC: torch.per_tensor_symmetric}
 
 def _public(generic: type, base: type = _CalibrationObserver) -> type:
     """``generic``'s public constructor on this module's ``base``, with torch's default qscheme object."""
-    return constructor_on(generic, base, __name__, _TORCH_DEFAULTS, _METHOD=generic._METHOD)
+    return constructor_on(generic, base, __name__, _TORCH_DEFAULTS)
 
 
 PercentileObserver = _public(_base.PercentileObserver)

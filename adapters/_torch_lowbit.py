@@ -198,7 +198,7 @@ _TORCH_DEFAULTS = {"float8_e4m3fn": torch.float8_e4m3fn}
 
 def _public(generic: type, base: type, **attributes) -> type:
     """``generic``'s public constructor on ``base``, with torch's default fp8 dtype object."""
-    return constructor_on(generic, base, __name__, _TORCH_DEFAULTS, _FAMILY=generic._FAMILY, **attributes)
+    return constructor_on(generic, base, __name__, _TORCH_DEFAULTS, **attributes)
 
 
 LowBitObserver = _public(_base.LowBitObserver, _LowBitObserver, __doc__=_LowBitObserver.__doc__)

@@ -448,9 +448,8 @@ class _MinMaxObserver(_MinMaxFamily):
 
 
 class _PerChannelMinMaxObserver(_MinMaxFamily):
-    """Per channel: qparams of the (C,) buffers; state dicts of torch's versions load."""
-
-    _PER_CHANNEL = True
+    """Per channel (the public classes set ``_PER_CHANNEL``): qparams of the (C,) buffers; state dicts of
+    torch's versions load."""
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""Per-channel scales and zero points of the observed ranges."""
@@ -501,7 +500,7 @@ def _public(generic: type, base: type, **attributes) -> type:
 
 
 #: the moving averages' sync_observers merge: the mean of the replicas
-_AVERAGED = dict(_AVERAGING=True, _REPLICA_MERGE=staticmethod(mean_of_replicas))
+_AVERAGED = dict(_REPLICA_MERGE=staticmethod(mean_of_replicas))
 MinMaxObserver = _public(_base.MinMaxObserver, _MinMaxObserver)
 MovingAverageMinMaxObserver = _public(_base.MovingAverageMinMaxObserver, MinMaxObserver, **_AVERAGED)
 PerChannelMinMaxObserver = _public(_base.PerChannelMinMaxObserver, _PerChannelMinMaxObserver)

@@ -1127,7 +1127,7 @@ def percentile_range(
     not symmetric, ``lo = edges[-1]`` (an inverted range: ``calculate_qparams`` falls back to scale 1).
     """
     xp = array_namespace(hist, edges, xp=xp)
-    if type(percentile) is not float and (isinstance(percentile, bool) or not isinstance(percentile, numbers.Real)):
+    if isinstance(percentile, bool) or not isinstance(percentile, numbers.Real):
         raise TypeError(f"percentile must be a float, got {type(percentile).__name__} {percentile!r}")
     percentile = float(percentile)
     if not 0 < percentile <= 100:

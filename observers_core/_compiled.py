@@ -233,7 +233,7 @@ def _tally(idx, n, tally, counts, done):  # pragma: no cover (compiled)
     """``tally[idx[j]] += 1`` for ``j < n``, then, after every ``_TALLY_SPAN`` values and after the last
     chunk, the int32 ``tally`` added into the int64 ``counts`` and cleared (no tally reaches 2**31 in a
     span). ``done``: the values counted before this chunk, ``-1`` for the last chunk. Unsigned indices
-    (no wraparound checks) and int32 tallies count about twice as fast as int64 ones."""
+    (no wraparound checks) and int32 tallies count faster than int64 ones."""
     for j in range(n):
         tally[idx[j]] += 1
     if done < 0 or (done + n) % _TALLY_SPAN == 0:
@@ -606,15 +606,18 @@ def fq_block_sums_kernel(first, stop, rows, blocks, inv_scale, scale, zero_point
                     v = body[i]
                     out0[i] = _fq_square(v, inv_s0, s0, low0, high0, w) + lanes0[i]
                     out1[i] = _fq_square(v, inv_s1, s1, low1, high1, w) + lanes1[i]
-                res0 = res1 = 0.0
-                if end:
-                    r, t = lanes0[end:end + 8], lanes1[end:end + 8]
-                    res0 = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
-                    res1 = ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]))
+                res0 = _eight_lanes(lanes0[end:end + 8]) if end else 0.0
+                res1 = _eight_lanes(lanes1[end:end + 8]) if end else 0.0
                 for i in range(rest.shape[0]):
                     res0 += _fq_square(rest[i], inv_s0, s0, low0, high0, w)
                     res1 += _fq_square(rest[i], inv_s1, s1, low1, high1, w)
                 out[c, k, b], out[c, j, b] = res0, res1
+
+
+@kernel()
+def _eight_lanes(r):  # pragma: no cover (compiled)
+    """NumPy's pairwise total of its eight running sums ``r``: ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``."""
+    return ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
 
 
 @kernel()
