@@ -22,6 +22,9 @@ across the group (:class:`TorchCollective`) so every rank holds the state of one
 ranks' batches. :func:`sync_observers` merges a prepared model's observers across ranks after
 calibration instead. Semantics per family and bytes per batch: README, "Distributed calibration".
 
+On CUDA, :func:`cuda_graph_forward` records an observer's ``forward`` once as a CUDA graph and replays it
+per batch (same state, bit for bit; no per-kernel launches from Python).
+
 Deliberate differences from torch are listed, each with the test that pins it, in README.md
 ("Differences from torch.ao"). The observers are eager-only for ``torch.jit.script``; ``FusedMovingAvgObsFakeQuantize``
 and ``FixedQParamsFakeQuantize`` insist on torch's own observer classes.
@@ -31,15 +34,16 @@ from __future__ import annotations
 
 from . import adopt_public_names
 
-from . import _torch_calibration, _torch_distributed, _torch_histogram, _torch_lowbit, _torch_minmax
+from . import _torch_calibration, _torch_cuda_graph, _torch_distributed, _torch_histogram, _torch_lowbit, _torch_minmax
 from ._torch_minmax import *  # noqa: F401,F403
 from ._torch_histogram import *  # noqa: F401,F403
 from ._torch_calibration import *  # noqa: F401,F403
 from ._torch_lowbit import *  # noqa: F401,F403
 from ._torch_distributed import *  # noqa: F401,F403
+from ._torch_cuda_graph import *  # noqa: F401,F403
 
 __all__ = (
     _torch_minmax.__all__ + _torch_histogram.__all__ + _torch_calibration.__all__ + _torch_lowbit.__all__
-    + _torch_distributed.__all__
+    + _torch_distributed.__all__ + _torch_cuda_graph.__all__
 )
 adopt_public_names(globals())

@@ -2,7 +2,7 @@
 
     python benchmarks/gpu_sync_report.py [--where]
 
-For every configuration of tests/test_gpu_sync.py, counts the synchronising calls that
+For every configuration of tests/_torch_observer_configs.py (the CUDA tests' list), counts the synchronising calls that
 ``torch.cuda.set_sync_debug_mode("warn")`` reports (one warning each: ``.item()``, a blocking copy to the
 host, ``nonzero``, ...) in ``forward`` on finite batches (the test requires 0), in ``forward`` on a batch
 holding a NaN, and in ``calculate_qparams`` (the searches read the device to stop early), and the
@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import machine_line  # noqa: E402
-from test_gpu_sync import CONFIGS, config_id  # noqa: E402
+from _torch_observer_configs import CONFIGS, config_id  # noqa: E402
 
 from observers_core.adapters import torch as tobs  # noqa: E402
 

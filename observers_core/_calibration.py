@@ -918,6 +918,13 @@ def _mse_host(h: _Hist, cand: np.ndarray, spec: QuantSpec, levels: int, xp: Any
     return err, bound, norm
 
 
+@functools.lru_cache(maxsize=64)
+def _mse_candidates(start_bin: int, bins: int, stride: int) -> np.ndarray:
+    """The MSE search's candidate bins ``start_bin, start_bin + stride, ... < bins``: a cached constant (never
+    written to), so :func:`_index_array` copies it to a GPU once (a fresh table each call waits for it)."""
+    return np.arange(start_bin, bins, stride, dtype=np.int64)
+
+
 def _mse_search(hist, edges, *, spec, start_bin, stride, check, xp, thresholds: bool = True
                 ) -> tuple[_Hist, SearchCurve, Array, Array | None]:
     """The candidates, with ``objective`` the error sums in units of ``norm`` (:func:`error_norm`,
@@ -932,7 +939,7 @@ def _mse_search(hist, edges, *, spec, start_bin, stride, check, xp, thresholds: 
         start_bin = min(128, bins - 1)
     start_bin = check_int(start_bin, "start_bin", minimum=0, maximum=bins - 1)
     stride = check_int(stride, "stride", minimum=1)
-    cand_np = np.arange(start_bin, bins, stride, dtype=np.int64)
+    cand_np = _mse_candidates(start_bin, bins, stride)
     cand = _index_array(cand_np, xp, h.device)
     low, high = mse_window(spec)
     host = _mse_host(h, cand_np, spec, high - low + 1, xp) if high - low + 1 <= bins else None

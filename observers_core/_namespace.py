@@ -215,9 +215,10 @@ def discarded_invalid(xp: Any) -> Any:
 def bincount(index: Array, length: int, xp: Any) -> Array:
     """Occurrences of each value ``0 .. length - 1`` in the 1-D non-negative integer ``index`` (larger
     values are not counted): integer counts (int64; int32 on JAX without x64), from the namespace's own
-    kernel (``np.bincount``, ``torch.bincount`` on the CPU, ``jnp.bincount(length=)``), a scatter-add
-    into ``length + 1`` slots (torch on a GPU, CuPy: their ``bincount`` reads the largest index on the
-    host to size its output, a synchronisation), or a portable sort + searchsorted (array_api_strict and
+    kernel (``np.bincount``, ``torch.bincount`` on the CPU, ``jnp.bincount(length=)``), on a GPU (where
+    ``bincount`` reads the largest index on the host to size its output, a synchronisation) torch's
+    ``histc`` (:func:`histc_bincount`; a scatter-add under ``torch.use_deterministic_algorithms``) or a
+    CuPy scatter-add into ``length + 1`` slots, or a portable sort + searchsorted (array_api_strict and
     any other namespace)."""
     if is_numpy_namespace(xp):
         import numpy as np
@@ -228,6 +229,8 @@ def bincount(index: Array, length: int, xp: Any) -> Array:
 
         if index.device.type == "cpu":
             return torch.bincount(index, minlength=length)[:length]
+        if not torch.are_deterministic_algorithms_enabled():  # (torch.histc has no deterministic CUDA kernel)
+            return histc_bincount(index, length)
         slots = torch.zeros(length + 1, dtype=torch.int64, device=index.device)
         return slots.index_add_(0, torch.clamp(index, max=length), torch.ones_like(index, dtype=torch.int64))[:length]
     if is_jax_namespace(xp):
@@ -243,6 +246,16 @@ def bincount(index: Array, length: int, xp: Any) -> Array:
     ordered = xp.sort(index)
     bounds = xp.searchsorted(ordered, xp.arange(length + 1, dtype=index.dtype, device=device_of(index)))
     return bounds[1:] - bounds[:-1]
+
+
+def histc_bincount(index: Array, length: int) -> Array:
+    """:func:`bincount` of a torch tensor by ``torch.histc`` (int64): ``i + 0.5`` in float64 lies inside bin
+    ``i`` of ``length`` unit bins over ``[0, length]`` whatever rounding histc's bin formula makes, and
+    values ``>= length`` fall outside; float64 counts are exact below 2**53. On CUDA histc counts in
+    shared memory where ``index_add_`` contends on global atomics."""
+    import torch  # only reached with torch tensors
+
+    return torch.histc(index.to(torch.float64) + 0.5, bins=length, min=0, max=length).to(torch.int64)
 
 
 def explicit_replicated(a: Array, xp: Any) -> Any:

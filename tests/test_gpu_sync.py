@@ -16,27 +16,7 @@ if not torch.cuda.is_available():
 
 from observers_core.adapters import torch as tobs  # noqa: E402
 
-PER_CHANNEL = dict(ch_axis=1, qscheme=torch.per_channel_symmetric)
-#: (class name, constructor arguments): every torch observer with statistics, per tensor and per channel
-CONFIGS = [
-    ("MinMaxObserver", {}),
-    ("MovingAverageMinMaxObserver", {}),
-    ("PerChannelMinMaxObserver", {}),
-    ("MovingAveragePerChannelMinMaxObserver", {}),
-    ("HistogramObserver", dict(ignore_nonfinite=True)),  # the default reads two counts: the test below
-    *[(name, kw) for name in ("KLObserver", "MSEObserver", "PercentileObserver", "MixObserver")
-      for kw in ({}, PER_CHANNEL)],
-    ("LowBitObserver", dict(dtype="int8")),
-    ("PerGroupMinMaxObserver", dict(group_size=32)),
-    ("FP8Observer", {}),
-    ("PerBlockMXObserver", {}),
-    ("PerBlockBFPObserver", {}),
-]
-
-
-def config_id(config) -> str:
-    name, kwargs = config
-    return name + ("-per_channel" if "ch_axis" in kwargs else "")
+from _torch_observer_configs import CONFIGS, config_id  # noqa: E402
 
 
 def batches_on_cuda() -> list:
@@ -79,3 +59,4 @@ def test_histogram_forward_with_torchs_warnings_reads_the_device_once():
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert sum("called a synchronizing CUDA operation" in str(w.message) for w in caught) == 1, [str(w.message) for w in caught]
+

@@ -101,3 +101,31 @@ def test_clamp_is_max_then_min_with_nan_kept(framework):
     got = to_numpy(clamp(x, 0.0, 2.0, xp))
     np.testing.assert_array_equal(got, np.array([0.0, 0.0, 0.5, 2.0, np.nan], np.float32))
     np.testing.assert_array_equal(to_numpy(clamp(x, None, 0.25, xp))[1:4], [-3.0, 0.25, 0.25])
+
+
+@pytest.mark.parametrize("length", [1, 2, 7, 2051, 65539, 4096 * 2048 + 3])
+def test_histc_bincount_equals_bincount(length):
+    """The GPU counting (torch.histc of i + 0.5, run here on the CPU) counts exactly what torch.bincount
+    does, indices at and beyond ``length`` dropped, for lengths up to the per-channel calibration
+    histogram's (4096 channels x 2048 bins)."""
+    torch = pytest.importorskip("torch")
+    from observers_core._namespace import histc_bincount
+
+    g = torch.Generator().manual_seed(length)
+    index = torch.randint(0, length + 3, (50_000,), generator=g)
+    index[:3] = torch.tensor([0, length - 1, length])  # both ends and the first index beyond
+    expected = torch.bincount(index, minlength=length + 3)[:length]
+    counts = histc_bincount(index, length)
+    assert counts.dtype == torch.int64
+    assert torch.equal(counts, expected)
+
+
+def test_the_mse_search_reuses_one_candidate_table():
+    """device_constant copies a table to a GPU once per table object: the MSE search's candidate table is
+    one cached object per (start_bin, bins, stride), so its copy is made once (a fresh table per call
+    was a host synchronisation in every CUDA forward; tests/test_gpu_sync.py)."""
+    from observers_core._calibration import _mse_candidates
+
+    table = _mse_candidates(128, 2048, 4)
+    assert _mse_candidates(128, 2048, 4) is table
+    np.testing.assert_array_equal(table, np.arange(128, 2048, 4))

@@ -53,6 +53,10 @@ def test_readme_block_runs(index):
             cupy.cuda.runtime.getDeviceCount()
         except Exception:  # noqa: BLE001 - any failure means: no usable CUDA device here
             pytest.skip("cupy or a CUDA device is not available here")
+    if "cuda_graph_forward" in block:
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("torch has no CUDA device here")
     namespace = _fixtures(block)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
