@@ -26,7 +26,8 @@ def cuda_graph_forward(module: torch.nn.Module, example: torch.Tensor) -> Callab
     the graph's input and replays it: for an observer the same update as ``observer(x)``, bit for bit
     (tests/test_cuda_graph.py). ``step`` returns the recorded output, which the next replay overwrites.
     Recording runs ``module(example)`` once for real (torch's rule: one run on a side stream, then the
-    recording, which runs nothing), so ``example`` is observed once.
+    recording, which runs nothing), so ``example`` is observed once. Record and replay a model under
+    ``torch.no_grad()``, as benchmarks/bench_model_calibration.py does: calibration needs no gradients.
 
     ``x`` must have ``example``'s shape, dtype and device. ``ValueError`` if ``module`` is or holds a
     ``KLObserver`` (a Python step count decides when its search runs), a

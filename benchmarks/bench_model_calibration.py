@@ -111,8 +111,10 @@ def make_batches(n: int, batch: int, seed: int = 1) -> list[torch.Tensor]:
     return [torch.randn(batch, 3, 224, 224, generator=g) for _ in range(n)]
 
 
-def eager_run(activation, weight):
-    """prepare -> feed every batch -> every observer's calculate_qparams."""
+def eager_run(activation, weight, *, cuda_graph: bool = False):
+    """prepare -> feed every batch -> every observer's calculate_qparams. ``cuda_graph``: the prepared
+    model's forward recorded as one CUDA graph on the first batch (``cuda_graph_forward``: the recording
+    observes it once) and replayed for the others."""
 
     def run(model, batches):
         model = fused(model)
@@ -121,8 +123,10 @@ def eager_run(activation, weight):
             warnings.simplefilter("ignore")
             prepared = tq.prepare(model)
             with torch.no_grad():
-                for x in batches:
-                    prepared(x)
+                forward, rest = (ours.cuda_graph_forward(prepared, batches[0]), batches[1:]) if cuda_graph \
+                    else (prepared, batches)
+                for x in rest:
+                    forward(x)
             for m in prepared.modules():
                 if isinstance(m, tq.ObserverBase) and m is not None and hasattr(m, "calculate_qparams"):
                     try:
@@ -170,28 +174,6 @@ def modelopt_run(method: str):
     return run
 
 
-def graphed_run(activation, weight):
-    """As :func:`eager_run`, with the prepared model's forward recorded as one CUDA graph on the first batch
-    (``cuda_graph_forward``: the recording observes it once) and replayed for the others."""
-
-    def run(model, batches):
-        model = fused(model)
-        model.qconfig = tq.QConfig(activation=activation, weight=weight)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            prepared = tq.prepare(model)
-            with torch.no_grad():
-                step = ours.cuda_graph_forward(prepared, batches[0])
-                for x in batches[1:]:
-                    step(x)
-            for m in prepared.modules():
-                if isinstance(m, tq.ObserverBase) and hasattr(m, "calculate_qparams"):
-                    m.calculate_qparams()
-        return prepared
-
-    return run
-
-
 def float_run(model, batches):
     model = fused(model)
     with torch.no_grad():
@@ -219,10 +201,11 @@ def configurations(device: str) -> dict:
         "ours MixObserver": eager_run(ours.MixObserver.with_args(**horizon), per_channel_ours),
     }
     if device == "cuda":  # the observers a graph can replay (HistogramObserver: with ignore_nonfinite=True)
-        configs["ours HistogramObserver, CUDA graph"] = graphed_run(
-            ours.HistogramObserver.with_args(reduce_range=True, ignore_nonfinite=True), per_channel_ours)
+        configs["ours HistogramObserver, CUDA graph"] = eager_run(
+            ours.HistogramObserver.with_args(reduce_range=True, ignore_nonfinite=True), per_channel_ours, cuda_graph=True)
         for name in ("MSEObserver", "PercentileObserver", "MixObserver"):
-            configs[f"ours {name}, CUDA graph"] = graphed_run(getattr(ours, name).with_args(**horizon), per_channel_ours)
+            configs[f"ours {name}, CUDA graph"] = eager_run(getattr(ours, name).with_args(**horizon), per_channel_ours,
+                                                            cuda_graph=True)
     try:
         import modelopt.torch.quantization  # noqa: F401
 
