@@ -130,3 +130,36 @@ def test_valid_histograms_pass_and_jit_skips_the_check():
     bad = counts.copy()
     bad[3] = -1
     assert np.isfinite(float(traced(jnp.asarray(bad), jnp.asarray(edges))))
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax"])
+def test_averaged_range_never_overflows_to_an_infinity(framework):
+    """The calibration observers' moving average of ranges: where ``lo - x_min`` overflows float32 it is
+    the convex ``x_min (1 - c) + lo c`` (within 2 ulp of the float64 value), the same bits on every
+    framework; entries that do not overflow keep the formula's bits. Found by the adversarial machine:
+    a KLObserver holding (-1.7e38, 1.7e38) that saw a single -2.4e38 held max_val = -inf, and torch's
+    calculate_qparams raised where numpy's returned (1, 0)."""
+    from observers_core import MinMaxState, moving_average_update
+    from observers_core.families.calibration import average_range
+
+    xp = {"numpy": np, "jax": jnp}.get(framework) or pytest.importorskip("array_api_compat.torch")
+    c = 0.01
+    old = np.array([-1.7e38, 1.7e38, -1.0, 3.0e38], dtype=np.float32)  # the last: no overflow, huge
+    lo = np.array([-2.4e38, -2.4e38, -2.0, -3.0e38], dtype=np.float32)
+    hi = np.array([-2.4e38, -2.4e38, 5.0, 3.3e38], dtype=np.float32)
+    arr = (lambda a: xp.asarray(a)) if framework != "torch" else (lambda a: __import__("torch").from_numpy(a))
+    state = MinMaxState(arr(old), arr(old))
+    got = average_range(state, arr(lo), arr(hi), c, xp)
+    plain = moving_average_update(state, xp.stack([arr(lo), arr(hi)], axis=-1), averaging_constant=c, axis=0,
+                                  ignore_nonfinite=True, xp=xp)
+    on_numpy = average_range(MinMaxState(old, old), lo, hi, c, np)
+    for value, target, formula, reference in ((got.min_val, lo, plain.min_val, on_numpy.min_val),
+                                              (got.max_val, hi, plain.max_val, on_numpy.max_val)):
+        value, formula = np.asarray(value), np.asarray(formula)
+        np.testing.assert_array_equal(value, reference)  # the same bits as numpy's
+        assert np.all(np.isfinite(value)), value
+        exact = old.astype(np.float64) * (1 - c) + target.astype(np.float64) * c
+        assert np.all(np.abs(value - exact) <= 2 * np.spacing(np.abs(value))), (value, exact)
+        finite = np.isfinite(formula)
+        np.testing.assert_array_equal(value[finite], formula[finite])  # the formula's bits where it holds
+        assert not finite.all()  # the case is exercised

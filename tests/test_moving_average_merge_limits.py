@@ -33,3 +33,41 @@ def test_merge_at_the_limit():
     a = oc.MinMaxState(np.asarray(-big), np.asarray(big))
     merged = oc.moving_average_merge(a, a)
     assert merged.min_val == -big and merged.max_val == big
+
+
+def test_moving_average_overflow_is_torchs_and_its_qparams_differ_by_framework():
+    """A moving average whose step ``min(X) - x_min`` overflows float32 leaves, as in torch.ao, a finite
+    ``min_val`` beside ``max_val = -inf`` (the min/max family keeps torch's formula bit for bit).
+    ``calculate_qparams`` of that state: torch.ao raises ``AssertionError``, our torch observer
+    ``ValueError``; the array observers (numpy, JAX, CuPy) return scale 1 and zero point 0 for it, the
+    core's fallback for ``min > max``, since checking would read the device (README, "Differences from
+    torch.ao")."""
+    import warnings
+
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    from torch.ao.quantization import observer as tao
+
+    from observers_core.adapters import _array_observers as array_obs
+    from observers_core.adapters import torch as tobs
+
+    batches = [np.array([1.7e38, -1.7e38], dtype=np.float32), np.array([-2.43e38, -2.5e38], dtype=np.float32)]
+    theirs, ours, on_numpy = tao.MovingAverageMinMaxObserver(), tobs.MovingAverageMinMaxObserver(), \
+        array_obs.MovingAverageMinMaxObserver()
+    for x in batches:
+        theirs(torch.from_numpy(x))
+        ours(torch.from_numpy(x))
+        on_numpy(x)
+    for obs in (theirs, ours):
+        assert torch.isfinite(obs.min_val) and obs.max_val == -float("inf")
+    assert np.isfinite(on_numpy.state.min_val) and on_numpy.state.max_val == -np.inf
+    assert float(ours.min_val) == float(theirs.min_val) == float(on_numpy.state.min_val)
+    with pytest.raises(AssertionError):
+        theirs.calculate_qparams()
+    with pytest.raises(ValueError, match="must be less than or equal to max_val"):
+        ours.calculate_qparams()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scale, zero_point = on_numpy.calculate_qparams()
+    assert float(scale[0]) == 1.0 and int(zero_point[0]) == 0

@@ -217,12 +217,20 @@ def clip_range(lo: Array, hi: Array, amax: Array, xp: Any) -> tuple[Array, Array
 def average_range(state: MinMaxState, lo: Array, hi: Array, averaging_constant: float, xp: Any) -> MinMaxState:
     """The core's moving average of the range ``(lo, hi)`` (:func:`observers_core.moving_average_update`
     of the pairs ``[lo, hi]``, whose min and max they are): ``x_min = x_min + c * (lo - x_min)``, the
-    first range initialises, an unseen one (``lo > hi``) changes nothing."""
+    first range initialises, an unseen one (``lo > hi``) changes nothing. Where ``lo - x_min`` overflows
+    float32 (finite values of opposite signs beyond 8.5e37) the average is ``x_min (1 - c) + lo c``
+    instead: the formula's infinity would leave, say, ``max_val = -inf`` beside a finite ``min_val``."""
     pairs = xp.stack([lo, hi], axis=-1)
-    return moving_average_update(
+    new = moving_average_update(
         state, pairs, averaging_constant=averaging_constant, axis=None if lo.ndim == 0 else 0,
         ignore_nonfinite=True, xp=xp,
     )
+    c = float(averaging_constant)
+    averaged = []
+    for old, target, value in ((state.min_val, lo, new.min_val), (state.max_val, hi, new.max_val)):
+        overflow = xp.isfinite(old) & xp.isfinite(target) & ~xp.isfinite(value)
+        averaged.append(xp.where(overflow, old * (1.0 - c) + target * c, value))
+    return MinMaxState(*averaged)
 
 
 def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: QuantSpec, xp: Any,
