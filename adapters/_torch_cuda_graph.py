@@ -29,8 +29,9 @@ def cuda_graph_forward(module: torch.nn.Module, example: torch.Tensor) -> Callab
     recording, which runs nothing), so ``example`` is observed once. Record and replay a model under
     ``torch.no_grad()``, as benchmarks/bench_model_calibration.py does: calibration needs no gradients.
 
-    ``x`` must have ``example``'s shape, dtype and device. ``ValueError`` if ``module`` is or holds a
-    ``KLObserver`` (a Python step count decides when its search runs), a
+    ``x`` must have ``example``'s shape, dtype and device, and the buffers must be the recorded ones
+    (``step`` raises ``ValueError`` once one was replaced or reallocated). ``ValueError`` if ``module`` is
+    or holds a ``KLObserver`` (a Python step count decides when its search runs), a
     ``HistogramObserver(ignore_nonfinite=False)`` (it reads two counts on the host for torch's warnings)
     or an observer made with ``sync=True``, or has buffers on another device than ``example``.
     """
@@ -64,10 +65,15 @@ def cuda_graph_forward(module: torch.nn.Module, example: torch.Tensor) -> Callab
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         output = module(static)
+    recorded = buffer_addresses(module)
 
     def step(x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+        if buffer_addresses(module) != recorded:
+            raise ValueError("module's buffers were replaced or reallocated since the recording (reset_min_max_vals "
+                             "of a per-channel observer, load_state_dict of another shape, .to()): the graph would "
+                             "update the old ones; record again with cuda_graph_forward")
         if (x.shape, x.dtype, x.device) != (static.shape, static.dtype, static.device):
             raise ValueError(f"x must match the recorded batch: shape {tuple(static.shape)}, {static.dtype} on "
                              f"{static.device}; got shape {tuple(x.shape)}, {x.dtype} on {x.device}")
@@ -76,3 +82,8 @@ def cuda_graph_forward(module: torch.nn.Module, example: torch.Tensor) -> Callab
         return output
 
     return step
+
+
+def buffer_addresses(module: torch.nn.Module) -> list[int]:
+    """Where each buffer of ``module`` lives: a recorded graph reads and writes these addresses."""
+    return [buffer.data_ptr() for buffer in module.buffers()]

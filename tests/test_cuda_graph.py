@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from observers_core.adapters import torch as tobs  # noqa: E402
+from observers_core.adapters._torch_cuda_graph import buffer_addresses  # noqa: E402
 from observers_core.adapters.torch import cuda_graph_forward  # noqa: E402
 
 from _torch_observer_configs import CONFIGS, config_id  # noqa: E402
@@ -88,3 +89,25 @@ def test_cuda_graph_forward_argument_errors():
 def test_cuda_graph_forward_refuses_an_observer_on_another_device():
     with pytest.raises(ValueError, match=r"move it first"):
         cuda_graph_forward(tobs.MinMaxObserver(), torch.randn(3, device="cuda"))
+
+
+def test_buffer_addresses_change_when_a_buffer_is_replaced():
+    """What ``step`` compares with the recording: a per-tensor reset fills the buffers in place (the graph
+    stays valid), a per-channel reset replaces them (``step`` must refuse)."""
+    per_tensor, per_channel = tobs.MinMaxObserver(), tobs.PerChannelMinMaxObserver(ch_axis=0)
+    for obs in (per_tensor, per_channel):
+        obs(torch.randn(4, 8))
+    before = buffer_addresses(per_tensor), buffer_addresses(per_channel)
+    per_tensor.reset_min_max_vals()
+    per_channel.reset_min_max_vals()
+    assert buffer_addresses(per_tensor) == before[0]
+    assert buffer_addresses(per_channel) != before[1]
+
+
+@needs_cuda
+def test_cuda_graph_step_refuses_replaced_buffers():
+    obs = tobs.PerChannelMinMaxObserver(ch_axis=0).cuda()
+    step = cuda_graph_forward(obs, torch.randn(4, 8, device="cuda"))
+    obs.reset_min_max_vals()
+    with pytest.raises(ValueError, match="record again"):
+        step(torch.randn(4, 8, device="cuda"))
