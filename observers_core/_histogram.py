@@ -268,8 +268,9 @@ def histogram(x: Array, /, *, bins: int, lo: Any, hi: Any, xp: Any = None) -> Ar
       a host sync); as Python numbers they raise ``ValueError``.
 
     Kernels: a compiled one-pass kernel for NumPy arrays and torch CPU tensors (numba, see
-    ``_compiled.py``); otherwise ``torch.bincount``, ``jnp.bincount(length=)``, ``cupy.bincount``,
-    ``np.bincount``, and other namespaces sort and count with ``searchsorted``.
+    ``_compiled.py``); otherwise the bin positions are counted by :func:`~observers_core._namespace.bincount`
+    (``np.bincount``, ``jnp.bincount(length=)``, ``torch.histc`` on CUDA, a CuPy scatter-add; other
+    namespaces sort and count with ``searchsorted``).
     """
     xp = array_namespace(x, xp=xp)
     check_real(x, xp)
