@@ -68,7 +68,7 @@ from observers_core.families.calibration import (
     make_config,
 )
 
-from ._array_observers import UniformQuantizationObserverBase, read_only
+from ._array_observers import UniformQuantizationObserverBase, read_only, refuse_unknown
 
 __all__ = ["KLObserver", "MSEObserver", "PercentileObserver", "MixObserver"]
 
@@ -135,7 +135,9 @@ class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
         stride: int = 1,
         update_interval: int = 1,
         xp: Any = None,
+        **unknown: Any,
     ) -> None:
+        refuse_unknown(type(self).__name__, unknown)
         config, per_channel = make_config(
             type(self).__name__, self._METHOD, dtype=dtype, qscheme=qscheme, quant_min=quant_min,
             quant_max=quant_max, ch_axis=ch_axis, averaging_constant=averaging_constant, bins=bins,

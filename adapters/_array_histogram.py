@@ -44,7 +44,7 @@ from observers_core.families import histogram as family
 from observers_core._namespace import device_of
 from observers_core._qparams import QParams
 
-from ._array_observers import UniformQuantizationObserverBase, check_entry, check_keys, read_only
+from ._array_observers import UniformQuantizationObserverBase, check_entry, check_keys, read_only, refuse_unknown
 
 __all__ = ["HistogramObserver"]
 
@@ -126,10 +126,11 @@ class HistogramObserver(UniformQuantizationObserverBase):
 
     def _setup(self, *, bins: int, dtype: Any, qscheme: QScheme | str, reduce_range: bool, quant_min: int | None,
                quant_max: int | None, factory_kwargs: Mapping[str, Any] | None, eps: float, is_dynamic: bool,
-               upsample_rate: int, ignore_nonfinite: bool, xp: Any = None) -> None:
+               upsample_rate: int, ignore_nonfinite: bool, xp: Any = None, **unknown: Any) -> None:
         """The checks of the constructor's arguments (every framework's base has a ``_setup``: the torch
         class is this constructor bound to ``adapters.torch``'s base)."""
         owner = type(self).__name__
+        refuse_unknown(owner, unknown)
         self._bins = check_bins(bins)
         self._upsample_rate = check_upsample_rate(upsample_rate)
         if is_dynamic:

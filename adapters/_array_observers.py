@@ -47,6 +47,13 @@ __all__ = [
 Array = Any
 
 
+def refuse_unknown(owner: str, unknown: Mapping[str, Any]) -> None:
+    """``TypeError`` naming the class and the first keyword its constructor does not take (a constructor
+    forwards every keyword to ``_setup``, whose own name would otherwise be in Python's message)."""
+    if unknown:
+        raise TypeError(f"{owner}() got an unexpected keyword argument {next(iter(unknown))!r}")
+
+
 def read_only(path: str, doc: str | None = None) -> property:
     """A read-only property returning the attribute at ``path`` (dotted: ``"_spec.quant_min"``)."""
     return property(operator.attrgetter(path), doc=doc)
@@ -461,8 +468,10 @@ class _MinMaxFamily(UniformQuantizationObserverBase):
 
     def _setup(self, *, dtype: Any, qscheme: QScheme | str, reduce_range: bool, quant_min: int | None,
                quant_max: int | None, factory_kwargs: Mapping[str, Any] | None, eps: float, is_dynamic: bool,
-               ignore_nonfinite: bool, averaging_constant: Any = None, ch_axis: Any = None, xp: Any = None) -> None:
+               ignore_nonfinite: bool, averaging_constant: Any = None, ch_axis: Any = None, xp: Any = None,
+               **unknown: Any) -> None:
         owner = type(self).__name__
+        refuse_unknown(owner, unknown)
         if self._AVERAGING:
             self._set_averaging_constant(averaging_constant)
             if is_dynamic and not self._PER_CHANNEL and self._averaging_constant != 1:

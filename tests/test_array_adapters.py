@@ -587,3 +587,19 @@ def test_axis_name_is_refused_outside_jax():
     with pytest.raises(TypeError, match="collective="):
         obs.update(before, np.ones(3, np.float32), axis_name="data")
     assert obs.state is before
+
+
+@pytest.mark.parametrize("cls_name", ["MinMaxObserver", "MovingAveragePerChannelMinMaxObserver", "HistogramObserver",
+                                      "KLObserver", "MSEObserver", "PercentileObserver", "MixObserver"])
+def test_an_unknown_keyword_is_a_type_error_naming_the_class(cls_name):
+    """The array observers' constructors forward their keywords to ``_setup``; an unknown one is named
+    with the class (as Python names a constructor), on numpy and JAX alike."""
+    from observers_core.adapters import _array_calibration, _array_histogram
+
+    jax_adapter = pytest.importorskip("observers_core.adapters.jax")
+    classes = [getattr(m, cls_name) for m in (base, _array_histogram, _array_calibration, jax_adapter)
+               if hasattr(m, cls_name)]
+    assert len(classes) == 2  # numpy's and JAX's
+    for cls in classes:
+        with pytest.raises(TypeError, match=rf"^{cls_name}\(\) got an unexpected keyword argument 'bogus'$"):
+            cls(bogus=1)
