@@ -481,7 +481,9 @@ def histogram_merge(a: HistogramState, b: HistogramState, /, *, upsample_rate: i
     each histogram moved onto that range as :func:`histogram_update` moves the old one, then added.
     Commutative, with :func:`histogram_init` as identity; re-binning is lossy, so it is associative only
     up to that loss, and ``merge(a, batch state)`` differs from ``update(a, batch)`` unless the batch
-    state's range already is the merged range (update bins the raw values)."""
+    state's range already is the merged range (update bins the raw values). A NaN-poisoned side (NaN
+    ``min_val``/``max_val``, see :func:`histogram_update`) poisons the result: NaN range, and the two
+    histograms added bin by bin (no range to move them onto; the total count is kept)."""
     bins_a, bins_b = check_state(a, name="a"), check_state(b, name="b")
     xp = array_namespace(a.histogram, b.histogram, xp=xp)
     if bins_a != bins_b:
@@ -491,4 +493,5 @@ def histogram_merge(a: HistogramState, b: HistogramState, /, *, upsample_rate: i
         new_min = xp.minimum(a.min_val, b.min_val)
         new_max = xp.maximum(a.max_val, b.max_val)
         hist = _to_range(a, new_min, new_max, up, xp) + _to_range(b, new_min, new_max, up, xp)
-        return HistogramState(hist, new_min, new_max)
+        poisoned = xp.isnan(new_min) | xp.isnan(new_max)
+        return HistogramState(xp.where(poisoned, a.histogram + b.histogram, hist), new_min, new_max)

@@ -487,6 +487,24 @@ def test_merge_matches_torch_combine(xp, backend):
     assert float(to_numpy(both_empty.min_val)) == np.inf and not np.any(to_numpy(both_empty.histogram))
 
 
+def test_merge_with_a_poisoned_state_is_poisoned_alike_everywhere(xp, backend):
+    """A NaN-poisoned side (NaN min/max) poisons the merge: NaN range, the histograms added bin by bin, in
+    either order, on every backend and path (found by the adversarial machine: the compiled path put both
+    totals in bin 0, the array code one in bin 0 and one in the last bin)."""
+    merge = _jit(backend, oc.histogram_merge)
+    upd = lambda s, x: _jit(backend, oc.histogram_update)(s, _batch(backend, x))  # noqa: E731
+    empty = oc.histogram_init(bins=16, xp=xp, device=backend.device)
+    rng = np.random.default_rng(5)
+    normal = upd(empty, rng.normal(size=40).astype(F32))
+    poisoned = upd(upd(empty, rng.normal(size=24).astype(F32)), np.array([1.0, np.nan], dtype=F32))
+    assert np.isnan(float(to_numpy(poisoned.min_val)))
+    expected = to_numpy(normal.histogram) + to_numpy(poisoned.histogram)
+    for merged in (merge(normal, poisoned), merge(poisoned, normal), merge(poisoned, empty)):
+        assert np.isnan(float(to_numpy(merged.min_val))) and np.isnan(float(to_numpy(merged.max_val)))
+    for merged in (merge(normal, poisoned), merge(poisoned, normal)):
+        np.testing.assert_array_equal(to_numpy(merged.histogram), expected)
+    np.testing.assert_array_equal(to_numpy(merge(poisoned, empty).histogram), to_numpy(poisoned.histogram))
+
 def test_qparams_of_an_empty_state_is_the_default(xp, backend):
     qparams = _jit(backend, oc.histogram_qparams, spec=oc.quant_spec())
     qp = qparams(oc.histogram_init(bins=100, xp=xp, device=backend.device))
