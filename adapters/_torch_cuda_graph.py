@@ -1,10 +1,10 @@
 """An observer's ``forward`` (or a model's, with its observers) recorded once as a CUDA graph and
 replayed per batch.
 
-On CUDA an update is a few hundred small kernels, and launching them from Python costs more than running
-them; replaying them as one graph (``torch.cuda.CUDAGraph``) removes the launches. This works because a
-torch observer's ``forward`` never waits for the device (tests/test_gpu_sync.py) and writes its new
-state into its buffers in place, so every replay reads and writes the same memory.
+On CUDA an update is many small kernels, and launching them from Python costs more than running them;
+replaying them as one graph (``torch.cuda.CUDAGraph``) removes the launches. This works because a torch
+observer's ``forward`` never waits for the device (tests/test_gpu_sync.py) and writes its new state into its
+buffers in place, so every replay reads and writes the same memory.
 """
 
 from __future__ import annotations
