@@ -51,7 +51,7 @@ from observers_core.families import calibration as family
 from . import _array_calibration as _base
 from ._catalog import constructor_on
 from ._torch_distributed import fold_merge, mean_of_replicas, merge_keys
-from ._torch_minmax import UniformQuantizationObserverBase, to_core_dtype, to_core_qscheme
+from ._torch_minmax import UniformQuantizationObserverBase, all_or_nothing, to_core_dtype, to_core_qscheme
 
 
 def _tree_map(fn, tree):
@@ -152,6 +152,7 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
         when ``ch_axis >= 0``)."""
         return self._calculate_qparams(self.min_val, self.max_val)
 
+    @all_or_nothing
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):

@@ -57,6 +57,7 @@ from ._catalog import constructor_on
 from ._array_observers import check_entry
 from ._torch_distributed import fold_merge, merge_keys
 from ._torch_minmax import (
+    all_or_nothing,
     as_torch_entries,
     UniformQuantizationObserverBase,
     checked_input,
@@ -223,6 +224,7 @@ class _HistogramObserver(UniformQuantizationObserverBase):
         return self._calculate_qparams(new_min, new_max)
 
     # -- state dict ----------------------------------------------------------------------------------
+    @all_or_nothing
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):

@@ -39,7 +39,7 @@ from observers_core._validate import check_bool
 
 from ._array_observers import ObserveLoop, check_entry
 from ._torch_distributed import SyncMixin
-from ._torch_minmax import TORCH_XP, ObserverBase, as_torch_entries, checked_input
+from ._torch_minmax import TORCH_XP, ObserverBase, all_or_nothing, as_torch_entries, checked_input
 from ._torch_pt2e import link_torchao, pt2e_observer
 
 __all__ = list(_base.__all__)
@@ -171,6 +171,7 @@ class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
             buf = self._buffers[name]
             self._buffers[name] = torch.empty(0, dtype=torch.float32, device=buf.device)
 
+    @all_or_nothing
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import types
 import warnings
 from collections import OrderedDict
@@ -119,6 +120,32 @@ _NATIVE_INPUT_DTYPES = frozenset(
     {torch.float32, torch.float64, torch.float16, torch.bfloat16,
      torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64}
 )
+
+
+def all_or_nothing(load):
+    """For a torch observer's ``_load_from_state_dict``: a load that fails leaves the buffers as they were.
+    torch copies the entries present before ``load_state_dict(strict=True)`` raises for the missing ones;
+    here, when this module's own keys are missing (strict) or a check raises, its buffers are restored.
+    Nested overrides (``super()`` calls) are guarded once, by the outermost."""
+
+    @functools.wraps(load)
+    def guarded(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        if self.__dict__.get("_loading_state", False):
+            return load(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        saved = {name: buf.detach().clone() for name, buf in self._buffers.items() if buf is not None}
+        missing_before = len(missing_keys)
+        self.__dict__["_loading_state"] = True
+        try:
+            load(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        except BaseException:
+            self._buffers.update(saved)
+            raise
+        finally:
+            self.__dict__["_loading_state"] = False
+        if strict and len(missing_keys) > missing_before:
+            self._buffers.update(saved)
+
+    return guarded
 
 
 def to_core_dtype(dtype: Any, *, name: str = "dtype") -> str:
@@ -281,6 +308,7 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
         """``ValueError`` unless ``quant_min <= 0 <= quant_max`` and ``quant_min < quant_max``."""
         validate_qmin_qmax(quant_min, quant_max)
 
+    @all_or_nothing
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
@@ -458,6 +486,7 @@ class _PerChannelMinMaxObserver(_MinMaxFamily):
     def extra_repr(self):
         return f"min_val={self.min_val}, max_val={self.max_val}" + self._repr_suffix()
 
+    @all_or_nothing
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
@@ -576,6 +605,7 @@ class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
             **kwargs,
         )
 
+    @all_or_nothing
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):

@@ -123,3 +123,29 @@ def test_symmetric_zero_point_beyond_int32_is_refused_everywhere(framework):
     with pytest.raises(ValueError, match="symmetric zero point"):
         module.MinMaxObserver(dtype=dtype, qscheme=qscheme, quant_min=0, quant_max=2**32)
     module.MinMaxObserver(dtype=dtype, qscheme=qscheme, quant_min=0, quant_max=2**31)  # zero point 2**30 fits
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("MinMaxObserver", {}), ("MovingAveragePerChannelMinMaxObserver", dict(ch_axis=0)), ("HistogramObserver", {}),
+    ("KLObserver", {}), ("MixObserver", {}), ("PerGroupMinMaxObserver", dict(group_size=4)),
+    ("FixedQParamsObserver", dict(scale=0.1, zero_point=0)),
+])
+def test_a_state_dict_missing_a_key_changes_nothing(name, kwargs):
+    """torch's strict ``load_state_dict`` copies the entries present before it raises for a missing one
+    (torch.ao's observers end half loaded); ours raise the same RuntimeError with every buffer as it was
+    (found by the adversarial machine: a PerGroupMinMaxObserver took another state's min_val)."""
+    import torch
+
+    from observers_core.adapters import torch as tobs
+
+    observer, other = getattr(tobs, name)(**kwargs), getattr(tobs, name)(**kwargs)
+    observer(torch.randn(3, 8))
+    other(torch.randn(3, 8) * 5 + 1)
+    before = {k: v.clone() for k, v in observer.state_dict().items()}
+    for missing in other.state_dict():
+        partial = other.state_dict()  # (with its version metadata: a version-1 dict may lack eps)
+        del partial[missing]
+        with pytest.raises(RuntimeError, match="Missing key"):
+            observer.load_state_dict(partial)
+        after = observer.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before), f"missing {missing!r} changed the state"
