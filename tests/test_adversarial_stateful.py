@@ -43,6 +43,8 @@ pytest.importorskip("torch")
 pytest.importorskip("jax")
 pytest.importorskip("array_api_strict")
 
+from conftest import flushed  # noqa: E402
+
 from _adversarial_strategies import (  # noqa: E402
     BACKENDS,
     CLASSES,
@@ -103,12 +105,6 @@ def _same_bytes(a: dict, b: dict) -> bool:
     return list(a) == list(b) and all(
         x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes() for x, y in zip(a.values(), b.values())
     )
-
-
-def _flushed(a: np.ndarray) -> np.ndarray:
-    """``a`` with float32 subnormals replaced by zeros of their sign (what XLA:CPU computes with)."""
-    a = np.asarray(a)
-    return np.where((np.abs(a) < F32_TINY) & (a != 0), np.copysign(np.zeros_like(a), a), a)
 
 
 def _has_subnormal(a: np.ndarray) -> bool:
@@ -403,7 +399,7 @@ class ObserverMachine(RuleBasedStateMachine):
                 # XLA flushes them when it computes (a loaded state may hold subnormals): the zero point
                 # -min/scale of per_channel_affine_float_qparams is then 0, not tiny, fp8's scale
                 # amax / 448 of a flushed amax is eps; FixedQParamsObserver has no statistics
-                expected_qp = self._qparams_of(_flushed(states[b]["min_val"]), _flushed(states[b]["max_val"]))
+                expected_qp = self._qparams_of(flushed(states[b]["min_val"]), flushed(states[b]["max_val"]))
             elif jax and self.SPEC.family == "lowbit" and ref["min_val"].dtype == np.float64:
                 # documented: JAX without x64 holds float64 statistics as float32; its qparams are
                 # numpy's qparams of the float32-rounded statistics

@@ -142,12 +142,16 @@ def test_averaged_range_never_overflows_to_an_infinity(framework):
     from observers_core import MinMaxState, moving_average_update
     from observers_core.families.calibration import average_range
 
-    xp = {"numpy": np, "jax": jnp}.get(framework) or pytest.importorskip("array_api_compat.torch")
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        xp, arr = pytest.importorskip("array_api_compat.torch"), torch.from_numpy
+    else:
+        xp = {"numpy": np, "jax": jnp}[framework]
+        arr = xp.asarray
     c = 0.01
     old = np.array([-1.7e38, 1.7e38, -1.0, 3.0e38], dtype=np.float32)  # the last: no overflow, huge
     lo = np.array([-2.4e38, -2.4e38, -2.0, -3.0e38], dtype=np.float32)
     hi = np.array([-2.4e38, -2.4e38, 5.0, 3.3e38], dtype=np.float32)
-    arr = (lambda a: xp.asarray(a)) if framework != "torch" else (lambda a: __import__("torch").from_numpy(a))
     state = MinMaxState(arr(old), arr(old))
     got = average_range(state, arr(lo), arr(hi), c, xp)
     plain = moving_average_update(state, xp.stack([arr(lo), arr(hi)], axis=-1), averaging_constant=c, axis=0,

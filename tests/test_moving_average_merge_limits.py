@@ -3,7 +3,10 @@ finite states; the mean is now overflow-free and unchanged wherever the sum did 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,10 +45,6 @@ def test_moving_average_overflow_is_torchs_and_its_qparams_differ_by_framework()
     ``ValueError``; the array observers (numpy, JAX, CuPy) return scale 1 and zero point 0 for it, the
     core's fallback for ``min > max``, since checking would read the device (README, "Differences from
     torch.ao")."""
-    import warnings
-
-    import pytest
-
     torch = pytest.importorskip("torch")
     from torch.ao.quantization import observer as tao
 
