@@ -30,6 +30,7 @@ from ._namespace import (
     check_real,
     check_same_device,
     divide_by_constant,
+    finite,
     float64_scope,
     index_dtype,
     is_jax_namespace,
@@ -201,27 +202,42 @@ def _finite_range(xf: Array, xp: Any) -> tuple[Array, Array]:
 
 
 
+def _bin_scale(lo: Array, hi: Array, bins: int, xp: Any) -> tuple[Array, Array, Array, Array]:
+    """``(half, lo * half, num, den)`` for :func:`_positions` on ``bins`` bins over ``[lo, hi]`` (``lo < hi``
+    finite): ``half = 1/2`` where ``hi - lo`` overflows float, else 1; ``num / den = bins / (hi*half - lo*half)``,
+    both scaled by ``2**-26`` (exact, same quotient) where ``(hi - lo) * bins`` would overflow."""
+    half = xp.where(finite(hi - lo, xp), scalar_like(1.0, lo, xp), scalar_like(0.5, lo, xp))
+    width = hi * half - lo * half
+    over = ~finite(width * float(bins), xp)
+    num = xp.where(over, scalar_like(bins * _SCALE, lo, xp), scalar_like(float(bins), lo, xp))
+    den = xp.where(over, width * _SCALE, width)
+    return half, lo * half, num, den
+
+
+def _positions(v: Array, scale: tuple[Array, Array, Array, Array], xp: Any) -> Array:
+    """torch.histc's bin position ``(v - lo) * bins / (hi - lo)`` (before truncation) in ``v``'s float
+    arithmetic, as ``(v * half - lo * half) * num / den`` with ``scale`` from :func:`_bin_scale`."""
+    half, lo_half, num, den = scale
+    return true_divide((v * half - lo_half) * num, den, xp)
+
+
 def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: bool) -> Array:
     """Integer counts, length ``bins + 3``: ``[0, bins]`` by torch.histc's bin formula (``bins`` is the value
     ``hi`` itself, folded into the last bin by the caller), ``bins + 1`` NaN, ``bins + 2`` +/-inf and (when
     ``bounded``) values outside ``[lo, hi]``; ``lo < hi`` finite, as :func:`_histc_range` returns them.
 
-    Bin of ``x``: ``trunc((x - lo) * bins / (hi - lo))`` in ``xf``'s float arithmetic. When that product
-    would overflow, numerator and denominator are scaled by ``2**-26`` (exact, same quotient); when even
-    ``hi - lo`` overflows, ``x`` and the bounds are halved first."""
-    half = xp.where(xp.isfinite(hi - lo), scalar_like(1.0, lo, xp), scalar_like(0.5, lo, xp))
-    width = hi * half - lo * half
-    over = ~xp.isfinite(width * float(bins))
-    num = xp.where(over, scalar_like(bins * _SCALE, lo, xp), scalar_like(float(bins), lo, xp))
-    den = xp.where(over, width * _SCALE, width)
-    lo_half = lo * half
+    Bin of ``x``: ``trunc((x - lo) * bins / (hi - lo))`` (:func:`_positions`) in ``xf``'s float arithmetic."""
+    scale = _bin_scale(lo, hi, bins, xp)
     nan_bin, out_bin = float(bins + 1), float(bins + 2)
     host = host_view(xf, xp)
     if host is not None:
+        half, lo_half, num, den = scale
         bounds = (host_scalar(v) for v in (lo, hi, lo_half, half, num, den))
         return xp.asarray(split_sum(counts_kernel, host, threads(host.shape[0]), *bounds, bins, bounded))
-    pos = true_divide((xf * half - lo_half) * num, den, xp)
-    pos = xp.where(xp.isnan(pos), nan_bin, xp.where(xp.isfinite(pos), xp.clip(pos, 0.0, out_bin), out_bin))
+    pos = _positions(xf, scale, xp)
+    # finite values of [lo, hi] have positions in [0, bins]; +/-inf (and, when bounded, values outside)
+    # go to out_bin: |-inf| clips there too
+    pos = xp.where(xp.isnan(pos), nan_bin, xp.clip(xp.abs(pos), 0.0, out_bin))
     if bounded:
         pos = xp.where((xf >= lo) & (xf <= hi) | xp.isnan(xf), pos, out_bin)
     return bincount(xp.astype(pos, index_dtype(xp)), bins + 3, xp)
@@ -235,7 +251,7 @@ def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[A
     finite values of ``xf`` (used when ``lo == hi``). ``bounded=False`` when every finite value is known to lie in ``[lo, hi]``.
     Counted in integers, converted to float at the end (``integer``: left as integers)."""
     lo, hi = _histc_range(lo, hi, data[0], data[1], xp)
-    ok = (hi > lo) & xp.isfinite(lo) & xp.isfinite(hi)
+    ok = (hi > lo) & finite(lo, xp) & finite(hi, xp)
     lo = xp.where(ok, lo, scalar_like(0.0, lo, xp))
     hi = xp.where(ok, hi, scalar_like(1.0, hi, xp))
     c = _counts(xf, bins, lo, hi, xp, bounded=bounded)
@@ -321,7 +337,7 @@ def _rebin(hist: Array, old_min: Array, old_max: Array, new_min: Array, new_max:
     Where ``new_max - new_min`` overflows float32 (a range wider than float32's maximum: torch's
     ``linspace`` gives NaN edges there and its result is undefined), all four bounds are halved first
     (exact), which places every part where torch's formula means it, identically on every path."""
-    half = xp.where(xp.isfinite(new_max - new_min), scalar_like(1.0, new_min, xp), scalar_like(0.5, new_min, xp))
+    half = xp.where(finite(new_max - new_min, xp), scalar_like(1.0, new_min, xp), scalar_like(0.5, new_min, xp))
     old_min, old_max, new_min, new_max = (v * half for v in (old_min, old_max, new_min, new_max))
     host = host_view(hist, xp)
     if host is not None:
@@ -345,9 +361,12 @@ def _numpy_namespace() -> Any:
 
 def _point_mass(hist: Array, c: Array, new_min: Array, new_max: Array, xp: Any) -> Array:
     """``sum(hist)`` in the bin of the single value ``c`` on ``[new_min, new_max]`` (``torch.histc(c) *
-    sum``), zeros elsewhere."""
-    onehot = _histc(xp.reshape(c, (1,)), hist.shape[0], new_min, new_max, xp, data=(c, c))[0]
-    return xp.where(onehot > 0, xp.sum(hist), xp.zeros_like(hist))
+    sum``; ``new_min < new_max`` finite, ``c`` between them), zeros elsewhere (also for a NaN range)."""
+    bins = hist.shape[0]
+    position = _positions(c, _bin_scale(new_min, new_max, bins, xp), xp)  # in [0, bins]: c = new_max
+    index = xp.clip(xp.floor(position), 0.0, float(bins - 1))  # lies in the last bin
+    onehot = xp.arange(bins, dtype=hist.dtype, device=_device(hist)) == index
+    return xp.where(onehot, xp.sum(hist), xp.zeros_like(hist))
 
 
 def _to_range(state: HistogramState, new_min: Array, new_max: Array, up: int, xp: Any) -> Array:

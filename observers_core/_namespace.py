@@ -29,6 +29,7 @@ __all__ = [
     "channel_rows",
     "device_of",
     "explicit_replicated",
+    "finite",
     "size",
     "index_dtype",
     "normalize_axis",
@@ -165,6 +166,12 @@ def device_constant(table: Any, xp: Any, device: Any, dtype: Any = None) -> Arra
             _DEVICE_CONSTANTS.popitem(last=False)
     _DEVICE_CONSTANTS.move_to_end(key)
     return _DEVICE_CONSTANTS[key][1]
+
+
+def finite(x: Array, xp: Any) -> Array:
+    """``isfinite(x)`` for a real floating ``x`` as ``|x| < inf`` (NaN compares false): two kernels on a
+    GPU where torch's ``isfinite`` launches four (the 0-d range logic of the device paths is launch-bound)."""
+    return xp.abs(x) < float("inf")
 
 
 def clamp(x: Array, low: float | None, high: float | None, xp: Any) -> Array:
