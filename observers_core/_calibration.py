@@ -47,6 +47,7 @@ from ._namespace import (
     discarded_invalid,
     from_host,
     index_dtype,
+    is_finite,
     is_jax_namespace,
     is_traced,
     midpoint,
@@ -1384,7 +1385,7 @@ def _histogram_update(state, x, axis, absolute, xp, collective, seen, fresh) -> 
     if host is None and size(x) > 0:  # the array code counts |x| of the finite values
         if absolute:
             values = xp.abs(values)
-        finite = xp.isfinite(values)
+        finite = is_finite(values, xp)
     if size(x) == 0:  # only with a collective: this member contributes nothing
         low, high = xp.full_like(rows.min_val, INF), xp.full_like(rows.max_val, -INF)
     elif host is not None or seen is not None:  # the signed finite range per row; |x| reaches max(-low, high)

@@ -30,7 +30,7 @@ from ._namespace import (
     check_real,
     check_same_device,
     divide_by_constant,
-    finite,
+    is_finite,
     float64_scope,
     index_dtype,
     is_jax_namespace,
@@ -206,9 +206,9 @@ def _bin_scale(lo: Array, hi: Array, bins: int, xp: Any) -> tuple[Array, Array, 
     """``(half, lo * half, num, den)`` for :func:`_positions` on ``bins`` bins over ``[lo, hi]`` (``lo < hi``
     finite): ``half = 1/2`` where ``hi - lo`` overflows float, else 1; ``num / den = bins / (hi*half - lo*half)``,
     both scaled by ``2**-26`` (exact, same quotient) where ``(hi - lo) * bins`` would overflow."""
-    half = xp.where(finite(hi - lo, xp), scalar_like(1.0, lo, xp), scalar_like(0.5, lo, xp))
+    half = xp.where(is_finite(hi - lo, xp), scalar_like(1.0, lo, xp), scalar_like(0.5, lo, xp))
     width = hi * half - lo * half
-    over = ~finite(width * float(bins), xp)
+    over = ~is_finite(width * float(bins), xp)
     num = xp.where(over, scalar_like(bins * _SCALE, lo, xp), scalar_like(float(bins), lo, xp))
     den = xp.where(over, width * _SCALE, width)
     return half, lo * half, num, den
@@ -251,7 +251,7 @@ def _histc(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, data: tuple[A
     finite values of ``xf`` (used when ``lo == hi``). ``bounded=False`` when every finite value is known to lie in ``[lo, hi]``.
     Counted in integers, converted to float at the end (``integer``: left as integers)."""
     lo, hi = _histc_range(lo, hi, data[0], data[1], xp)
-    ok = (hi > lo) & finite(lo, xp) & finite(hi, xp)
+    ok = (hi > lo) & is_finite(lo, xp) & is_finite(hi, xp)
     lo = xp.where(ok, lo, scalar_like(0.0, lo, xp))
     hi = xp.where(ok, hi, scalar_like(1.0, hi, xp))
     c = _counts(xf, bins, lo, hi, xp, bounded=bounded)
@@ -337,7 +337,7 @@ def _rebin(hist: Array, old_min: Array, old_max: Array, new_min: Array, new_max:
     Where ``new_max - new_min`` overflows float32 (a range wider than float32's maximum: torch's
     ``linspace`` gives NaN edges there and its result is undefined), all four bounds are halved first
     (exact), which places every part where torch's formula means it, identically on every path."""
-    half = xp.where(finite(new_max - new_min, xp), scalar_like(1.0, new_min, xp), scalar_like(0.5, new_min, xp))
+    half = xp.where(is_finite(new_max - new_min, xp), scalar_like(1.0, new_min, xp), scalar_like(0.5, new_min, xp))
     old_min, old_max, new_min, new_max = (v * half for v in (old_min, old_max, new_min, new_max))
     host = host_view(hist, xp)
     if host is not None:

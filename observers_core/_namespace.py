@@ -29,7 +29,7 @@ __all__ = [
     "channel_rows",
     "device_of",
     "explicit_replicated",
-    "finite",
+    "is_finite",
     "size",
     "index_dtype",
     "normalize_axis",
@@ -168,16 +168,21 @@ def device_constant(table: Any, xp: Any, device: Any, dtype: Any = None) -> Arra
     return _DEVICE_CONSTANTS[key][1]
 
 
-def finite(x: Array, xp: Any) -> Array:
+def is_finite(x: Array, xp: Any) -> Array:
     """``isfinite(x)`` for a real floating ``x`` as ``|x| < inf`` (NaN compares false): two kernels on a
     GPU where torch's ``isfinite`` launches four (the 0-d range logic of the device paths is launch-bound)."""
     return xp.abs(x) < float("inf")
 
 
 def clamp(x: Array, low: float | None, high: float | None, xp: Any) -> Array:
-    """``min(max(x, low), high)`` for Python-number bounds (``None``: that side open), NaN kept. The bounds
-    go in as 0-d arrays on ``x``'s device (:func:`scalar_like`): array-api-compat's torch ``maximum`` and
-    ``minimum`` copy a Python number from the host, which waits for a GPU (and its ``clip`` costs more)."""
+    """``min(max(x, low), high)`` for Python-number bounds (``None``: that side open), NaN kept. torch:
+    ``torch.clamp`` (one kernel; the bounds travel as kernel arguments). Elsewhere the bounds go in as 0-d
+    arrays on ``x``'s device (:func:`scalar_like`): array-api-compat's ``maximum``/``minimum`` would copy a
+    Python number from the host, which waits for a GPU."""
+    if is_torch_namespace(xp) and x.is_floating_point():
+        import torch  # only reached with torch tensors
+
+        return torch.clamp(x, low, high)
     if low is not None:
         x = xp.maximum(x, scalar_like(low, x, xp))
     if high is not None:

@@ -47,7 +47,7 @@ from .._dtypes import QuantSpec, quant_spec
 from .._minmax import (
     MinMaxState, minmax_init, minmax_merge, minmax_qparams, minmax_update, moving_average_merge, moving_average_update,
 )
-from .._namespace import array_namespace, channel_rows, device_of, explicit_replicated, size
+from .._namespace import array_namespace, channel_rows, device_of, explicit_replicated, is_finite, size
 from .._qparams import calculate_qparams
 from .._quantize import fake_quantize
 from .._validate import INF, check_averaging_constant, check_bool, check_channel_count, check_int
@@ -228,7 +228,7 @@ def average_range(state: MinMaxState, lo: Array, hi: Array, averaging_constant: 
     c = float(averaging_constant)
     averaged = []
     for old, target, value in ((state.min_val, lo, new.min_val), (state.max_val, hi, new.max_val)):
-        overflow = xp.isfinite(old) & xp.isfinite(target) & ~xp.isfinite(value)
+        overflow = is_finite(old, xp) & is_finite(target, xp) & ~is_finite(value, xp)
         averaged.append(xp.where(overflow, old * (1.0 - c) + target * c, value))
     return MinMaxState(*averaged)
 
