@@ -146,7 +146,7 @@ def _linspace(start: Array, end: Array, steps: int, xp: Any) -> Array:
     ``start`` and ``end`` on the host (a synchronisation), so the formula runs there, its step a true
     division by a 0-d tensor (torch's CUDA kernels divide by a Python number as a multiplication by its
     reciprocal)."""
-    if is_torch_namespace(xp) and start.device.type == "cpu":
+    if is_torch_namespace(xp) and on_host(start, xp):
         import torch  # only reached with torch tensors
 
         return torch.linspace(start, end, steps, dtype=start.dtype, device=start.device)
