@@ -167,3 +167,40 @@ def test_averaged_range_never_overflows_to_an_infinity(framework):
         finite = np.isfinite(formula)
         np.testing.assert_array_equal(value[finite], formula[finite])  # the formula's bits where it holds
         assert not finite.all()  # the case is exercised
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax"])
+def test_averaged_range_stays_ordered_where_the_formula_cancels(framework):
+    """``x + c * (t - x)`` cancels when ``x`` dwarfs ``t``: with ``c = 1`` a channel holding (-1, 1e30) that
+    sees the single value 0.125 gets ``max_val = 1e30 + (0.125 - 1e30) = 0`` below ``min_val = 0.125``
+    (torch's calculate_qparams then raised where numpy's returned (1, 0); found by the adversarial
+    machine, PercentileObserver per channel). Such channels take the convex average on both sides, which
+    is ordered; the others keep the formula's bits."""
+    from observers_core import MinMaxState, moving_average_update
+    from observers_core.families.calibration import average_range
+
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        xp, arr = pytest.importorskip("array_api_compat.torch"), torch.from_numpy
+    else:
+        xp = {"numpy": np, "jax": jnp}[framework]
+        arr = xp.asarray
+    old_min = np.array([-1.0, -1e30, -2.0, np.inf], dtype=np.float32)
+    old_max = np.array([1e30, 1.0, 3.0, -np.inf], dtype=np.float32)  # the last: nothing seen yet
+    lo = np.array([0.125, -0.5, -1.0, 0.25], dtype=np.float32)
+    hi = np.array([0.125, -0.5, 2.0, 0.75], dtype=np.float32)
+    for c in (1.0, 0.5):
+        state = MinMaxState(arr(old_min), arr(old_max))
+        got = [np.asarray(v) for v in average_range(state, arr(lo), arr(hi), c, xp)]
+        plain = [np.asarray(v) for v in moving_average_update(
+            state, xp.stack([arr(lo), arr(hi)], axis=-1), averaging_constant=c, axis=0, ignore_nonfinite=True, xp=xp)]
+        assert np.all(got[0] <= got[1]), (c, got)
+        cancelled = plain[0] > plain[1]
+        assert cancelled.any() == (c == 1.0)  # the case is exercised (c = 1: the first two channels)
+        for value, old, target, formula in zip(got, (old_min, old_max), (lo, hi), plain):
+            convex = old[cancelled] * np.float32(1 - c) + target[cancelled] * np.float32(c)
+            np.testing.assert_array_equal(value[cancelled], convex)
+            np.testing.assert_array_equal(value[~cancelled], formula[~cancelled])
+        if c == 1.0:
+            np.testing.assert_array_equal(got[0][:2], lo[:2])  # c = 1: the batch's range exactly
+            np.testing.assert_array_equal(got[1][:2], hi[:2])

@@ -217,20 +217,25 @@ def clip_range(lo: Array, hi: Array, amax: Array, xp: Any) -> tuple[Array, Array
 def average_range(state: MinMaxState, lo: Array, hi: Array, averaging_constant: float, xp: Any) -> MinMaxState:
     """The core's moving average of the range ``(lo, hi)`` (:func:`observers_core.moving_average_update`
     of the pairs ``[lo, hi]``, whose min and max they are): ``x_min = x_min + c * (lo - x_min)``, the
-    first range initialises, an unseen one (``lo > hi``) changes nothing. Where ``lo - x_min`` overflows
-    float32 (finite values of opposite signs beyond 8.5e37) the average is ``x_min (1 - c) + lo c``
-    instead: the formula's infinity would leave, say, ``max_val = -inf`` beside a finite ``min_val``."""
+    first range initialises, an unseen one (``lo > hi``) changes nothing. Two rounding accidents of the
+    formula are replaced by the convex ``x_min (1 - c) + lo c`` (which keeps ``x_min <= x_max``: rounding
+    is monotone): where ``lo - x_min`` overflows float32 (finite values of opposite signs beyond 8.5e37;
+    the formula's infinity would leave, say, ``max_val = -inf`` beside a finite ``min_val``), that side;
+    where the result has ``min_val > max_val`` (cancellation: ``1e30 + 1 * (0.125 - 1e30)`` is 0, not
+    0.125), both sides."""
     pairs = xp.stack([lo, hi], axis=-1)
     new = moving_average_update(
         state, pairs, averaging_constant=averaging_constant, axis=None if lo.ndim == 0 else 0,
         ignore_nonfinite=True, xp=xp,
     )
     c = float(averaging_constant)
-    averaged = []
+    convex, averaged = [], []
     for old, target, value in ((state.min_val, lo, new.min_val), (state.max_val, hi, new.max_val)):
+        convex.append(old * (1.0 - c) + target * c)
         overflow = is_finite(old, xp) & is_finite(target, xp) & ~is_finite(value, xp)
-        averaged.append(xp.where(overflow, old * (1.0 - c) + target * c, value))
-    return MinMaxState(*averaged)
+        averaged.append(xp.where(overflow, convex[-1], value))
+    disordered = (averaged[0] > averaged[1]) & (lo <= hi)
+    return MinMaxState(*(xp.where(disordered, a, b) for a, b in zip(convex, averaged)))
 
 
 def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: QuantSpec, xp: Any,
