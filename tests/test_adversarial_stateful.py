@@ -73,6 +73,12 @@ SETTINGS = settings(
 )
 
 BAD_INPUT = (ValueError, TypeError)
+
+
+def _disordered(state: dict) -> bool:
+    """Whether a min/max state holds ``min_val > max_val`` in an entry that has seen something."""
+    lo, hi = np.asarray(state["min_val"]), np.asarray(state["max_val"])
+    return bool(np.any((lo > hi) & ~((lo == np.inf) & (hi == -np.inf))))
 CORRUPTIONS = ("missing", "extra", "shape", "nan_eps", "neg_eps", "zero_eps", "min_gt_max", "bool", "complex")
 #: families whose results are not compared on JAX once a subnormal reached the state (documented FTZ).
 _FTZ_SENSITIVE = ("histogram", "calibration")
@@ -404,6 +410,10 @@ class ObserverMachine(RuleBasedStateMachine):
                 # documented: JAX without x64 holds float64 statistics as float32; its qparams are
                 # numpy's qparams of the float32-rounded statistics
                 expected_qp = self._qparams_of(ref["min_val"].astype(np.float32), ref["max_val"].astype(np.float32))
+            if b == "torch" and self.SPEC.name.startswith("MovingAverage") and _disordered(ref) \
+                    and isinstance(qps[b], ValueError):
+                continue  # documented (README, Differences from torch.ao): torch.ao's moving average can leave
+                # min_val > max_val (overflow, cancellation); torch raises there, numpy gives scale 1
             why = self._qparams_differ(expected_qp, qps[b], ftz=jax, narrow=jax)
             assert why is None, f"{b} calculate_qparams != numpy's: {why}; steps: {self.log}"
 

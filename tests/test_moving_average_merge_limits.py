@@ -38,30 +38,39 @@ def test_merge_at_the_limit():
     assert merged.min_val == -big and merged.max_val == big
 
 
-def test_moving_average_overflow_is_torchs_and_its_qparams_differ_by_framework():
-    """A moving average whose step ``min(X) - x_min`` overflows float32 leaves, as in torch.ao, a finite
-    ``min_val`` beside ``max_val = -inf`` (the min/max family keeps torch's formula bit for bit).
-    ``calculate_qparams`` of that state: torch.ao raises ``AssertionError``, our torch observer
-    ``ValueError``; the array observers (numpy, JAX, CuPy) return scale 1 and zero point 0 for it, the
-    core's fallback for ``min > max``, since checking would read the device (README, "Differences from
-    torch.ao")."""
+@pytest.mark.parametrize("case", ["overflow", "cancellation"])
+def test_moving_average_overflow_is_torchs_and_its_qparams_differ_by_framework(case):
+    """A moving average whose step leaves ``min_val > max_val``, as in torch.ao (the min/max family keeps
+    torch's formula bit for bit): a step ``min(X) - x_min`` that overflows float32 (a finite ``min_val``
+    beside ``max_val = -inf``), or one that cancels (``averaging_constant=1``: ``1e30 + (0.125 - 1e30)``
+    is 0, below ``min_val = 0.125``). ``calculate_qparams`` of that state: torch.ao raises
+    ``AssertionError``, our torch observer ``ValueError``; the array observers (numpy, JAX, CuPy) return
+    scale 1 and zero point 0 for it, the core's fallback for ``min > max``, since checking would read the
+    device (README, "Differences from torch.ao")."""
     torch = pytest.importorskip("torch")
     from torch.ao.quantization import observer as tao
 
     from observers_core.adapters import _array_observers as array_obs
     from observers_core.adapters import torch as tobs
 
-    batches = [np.array([1.7e38, -1.7e38], dtype=np.float32), np.array([-2.43e38, -2.5e38], dtype=np.float32)]
-    theirs, ours, on_numpy = tao.MovingAverageMinMaxObserver(), tobs.MovingAverageMinMaxObserver(), \
-        array_obs.MovingAverageMinMaxObserver()
+    if case == "overflow":
+        c, batches = 0.01, [np.array([1.7e38, -1.7e38], dtype=np.float32), np.array([-2.43e38, -2.5e38], dtype=np.float32)]
+    else:
+        c, batches = 1.0, [np.array([-1.0, 1e30], dtype=np.float32), np.array([0.125], dtype=np.float32)]
+    theirs, ours, on_numpy = (tao.MovingAverageMinMaxObserver(averaging_constant=c),
+                              tobs.MovingAverageMinMaxObserver(averaging_constant=c),
+                              array_obs.MovingAverageMinMaxObserver(averaging_constant=c))
     for x in batches:
         theirs(torch.from_numpy(x))
         ours(torch.from_numpy(x))
         on_numpy(x)
     for obs in (theirs, ours):
-        assert torch.isfinite(obs.min_val) and obs.max_val == -float("inf")
-    assert np.isfinite(on_numpy.state.min_val) and on_numpy.state.max_val == -np.inf
-    assert float(ours.min_val) == float(theirs.min_val) == float(on_numpy.state.min_val)
+        assert obs.min_val > obs.max_val
+    assert on_numpy.state.min_val > on_numpy.state.max_val
+    if case == "overflow":
+        assert torch.isfinite(ours.min_val) and ours.max_val == -float("inf")
+    for name in ("min_val", "max_val"):
+        assert float(getattr(ours, name)) == float(getattr(theirs, name)) == float(getattr(on_numpy.state, name))
     with pytest.raises(AssertionError):
         theirs.calculate_qparams()
     with pytest.raises(ValueError, match="must be less than or equal to max_val"):
