@@ -5,15 +5,22 @@ CUDA runs this path in the GPU tests only; this test covers it on every machine.
 switched off by patching the two predicates that choose them (``on_host`` in the core modules and
 ``_compiled.ENABLED``); the sequences exercise what the branch-free logic decides: the first batch, a
 single-valued state moved onto a wider range (the point mass), growing and unchanged ranges, +/-inf,
-NaN, integer and float16 batches, and ranges near float32's limit.
+NaN, integer and float16 batches, and ranges near float32's limit; a hypothesis test then draws random
+sequences of the adversarial batch kinds (``OBSERVERS_CORE_FUZZ_EXAMPLES=N``: N random examples per
+observer instead of the 10 fixed ones).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import warnings
+from unittest import mock
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -22,7 +29,10 @@ import observers_core._histogram as core_histogram  # noqa: E402
 import observers_core._minmax as core_minmax  # noqa: E402
 from observers_core.adapters import torch as tobs  # noqa: E402
 
+from _adversarial_strategies import KINDS, make_batch  # noqa: E402
 from _torch_observer_configs import CONFIGS, config_id  # noqa: E402
+
+_FUZZ_EXAMPLES = int(os.environ.get("OBSERVERS_CORE_FUZZ_EXAMPLES", "0") or 0)
 
 
 def sequences() -> dict[str, list[torch.Tensor]]:
@@ -39,30 +49,58 @@ def sequences() -> dict[str, list[torch.Tensor]]:
     }
 
 
-def device_path(monkeypatch) -> None:
-    monkeypatch.setattr(compiled, "ENABLED", False)
-    monkeypatch.setattr(core_histogram, "on_host", lambda x, xp: False)
-    monkeypatch.setattr(core_minmax, "on_host", lambda x, xp: False)
+@contextlib.contextmanager
+def device_path():
+    """The device path on CPU tensors: no compiled kernel, no host shortcut."""
+    with mock.patch.object(compiled, "ENABLED", False), \
+            mock.patch.object(core_histogram, "on_host", lambda x, xp: False), \
+            mock.patch.object(core_minmax, "on_host", lambda x, xp: False):
+        yield
 
 
-def run(name: str, kwargs: dict, batches: list) -> dict[str, np.ndarray]:
+def run(name: str, kwargs: dict, batches: list) -> dict[str, np.ndarray] | str:
+    """The observer's state_dict after the batches, or the name of the exception one of them raised."""
     obs = getattr(tobs, name)(**kwargs)
     for x in batches:
-        obs(x)
+        try:
+            obs(x)
+        except (ValueError, TypeError, RuntimeError) as err:
+            return type(err).__name__
     return {key: value.detach().numpy().copy() for key, value in obs.state_dict().items()}
+
+
+def assert_paths_agree(config, batches, kwargs, what: str) -> None:
+    name = config[0]
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        host = run(name, kwargs, batches)
+        with device_path():
+            device = run(name, kwargs, batches)
+    if isinstance(host, str) or isinstance(device, str):
+        assert host == device, f"{config_id(config)} {what}: host {host!r}, device {device!r}"
+        return
+    assert host.keys() == device.keys()
+    for key in host:
+        np.testing.assert_array_equal(device[key], host[key], err_msg=f"{config_id(config)} {what}: {key}")
 
 
 @pytest.mark.parametrize("sequence", list(sequences()))
 @pytest.mark.parametrize("config", CONFIGS, ids=config_id)
-def test_device_path_equals_host_path(config, sequence, monkeypatch):
+def test_device_path_equals_host_path(config, sequence):
     name, kwargs = config
     kwargs = dict(kwargs, ignore_nonfinite=sequence != "nan") if "ignore_nonfinite" in kwargs else kwargs
-    batches = sequences()[sequence]
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        host = run(name, kwargs, batches)
-        device_path(monkeypatch)
-        device = run(name, kwargs, batches)
-    assert host.keys() == device.keys()
-    for key in host:
-        np.testing.assert_array_equal(device[key], host[key], err_msg=f"{config_id(config)} {sequence}: {key}")
+    assert_paths_agree(config, sequences()[sequence], kwargs, sequence)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=config_id)
+@settings(max_examples=_FUZZ_EXAMPLES or 10, derandomize=not _FUZZ_EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_device_path_equals_host_path_on_adversarial_batches(config, data):
+    """Three to five batches of the adversarial kinds (tests/_adversarial_strategies.py: huge, subnormal,
+    float32's limit, NaN, inf, constant, mixed...) in float32, float64, float16 or int8."""
+    steps = data.draw(st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 2**16),
+                                         st.sampled_from(["float32", "float32", "float64", "float16", "int8"])),
+                               min_size=3, max_size=5), label="batches")
+    batches = [torch.from_numpy(make_batch(kind, seed, (4, 32), dtype, ch_axis=1)) for kind, seed, dtype in steps]
+    assert_paths_agree(config, batches, config[1], str(steps))
