@@ -132,6 +132,15 @@ def test_valid_histograms_pass_and_jit_skips_the_check():
     assert np.isfinite(float(traced(jnp.asarray(bad), jnp.asarray(edges))))
 
 
+def _namespace_and_maker(framework: str):
+    """``(namespace, array maker from NumPy)`` of ``framework`` (torch: array-api-compat's namespace)."""
+    if framework == "torch":
+        torch = pytest.importorskip("torch")
+        return pytest.importorskip("array_api_compat.torch"), torch.from_numpy
+    xp = {"numpy": np, "jax": jnp}[framework]
+    return xp, xp.asarray
+
+
 @pytest.mark.parametrize("framework", ["numpy", "torch", "jax"])
 def test_averaged_range_never_overflows_to_an_infinity(framework):
     """The calibration observers' moving average of ranges: where ``lo - x_min`` overflows float32 it is
@@ -142,12 +151,7 @@ def test_averaged_range_never_overflows_to_an_infinity(framework):
     from observers_core import MinMaxState, moving_average_update
     from observers_core.families.calibration import average_range
 
-    if framework == "torch":
-        torch = pytest.importorskip("torch")
-        xp, arr = pytest.importorskip("array_api_compat.torch"), torch.from_numpy
-    else:
-        xp = {"numpy": np, "jax": jnp}[framework]
-        arr = xp.asarray
+    xp, arr = _namespace_and_maker(framework)
     c = 0.01
     old = np.array([-1.7e38, 1.7e38, -1.0, 3.0e38], dtype=np.float32)  # the last: no overflow, huge
     lo = np.array([-2.4e38, -2.4e38, -2.0, -3.0e38], dtype=np.float32)
@@ -179,12 +183,7 @@ def test_averaged_range_stays_ordered_where_the_formula_cancels(framework):
     from observers_core import MinMaxState, moving_average_update
     from observers_core.families.calibration import average_range
 
-    if framework == "torch":
-        torch = pytest.importorskip("torch")
-        xp, arr = pytest.importorskip("array_api_compat.torch"), torch.from_numpy
-    else:
-        xp = {"numpy": np, "jax": jnp}[framework]
-        arr = xp.asarray
+    xp, arr = _namespace_and_maker(framework)
     old_min = np.array([-1.0, -1e30, -2.0, np.inf], dtype=np.float32)
     old_max = np.array([1e30, 1.0, 3.0, -np.inf], dtype=np.float32)  # the last: nothing seen yet
     lo = np.array([0.125, -0.5, -1.0, 0.25], dtype=np.float32)
