@@ -363,8 +363,8 @@ def _point_mass(hist: Array, c: Array, new_min: Array, new_max: Array, xp: Any) 
     """``sum(hist)`` in the bin of the single value ``c`` on ``[new_min, new_max]`` (``torch.histc(c) *
     sum``; ``new_min < new_max`` finite, ``c`` between them), zeros elsewhere (also for a NaN range)."""
     bins = hist.shape[0]
-    position = _positions(c, _bin_scale(new_min, new_max, bins, xp), xp)  # in [0, bins]: c = new_max
-    index = xp.clip(xp.floor(position), 0.0, float(bins - 1))  # lies in the last bin
+    position = _positions(c, _bin_scale(new_min, new_max, bins, xp), xp)  # in [0, bins]
+    index = xp.clip(xp.floor(position), 0.0, float(bins - 1))  # c = new_max (position bins): the last bin
     onehot = xp.arange(bins, dtype=hist.dtype, device=_device(hist)) == index
     return xp.where(onehot, xp.sum(hist), xp.zeros_like(hist))
 
