@@ -235,9 +235,9 @@ def _counts(xf: Array, bins: int, lo: Array, hi: Array, xp: Any, *, bounded: boo
         bounds = (host_scalar(v) for v in (lo, hi, lo_half, half, num, den))
         return xp.asarray(split_sum(counts_kernel, host, threads(host.shape[0]), *bounds, bins, bounded))
     pos = _positions(xf, scale, xp)
-    # finite values of [lo, hi] have positions in [0, bins]; +/-inf (and, when bounded, values outside)
-    # go to out_bin: |-inf| clips there too
-    pos = xp.where(xp.isnan(pos), nan_bin, xp.clip(xp.abs(pos), 0.0, out_bin))
+    # finite values below lo clip to bin 0 and above hi to out_bin, as the compiled kernel does (when
+    # bounded, out_bin below); +inf clips to out_bin, -inf is put there
+    pos = xp.where(xp.isnan(pos), nan_bin, xp.where(pos == -INF, out_bin, xp.clip(pos, 0.0, out_bin)))
     if bounded:
         pos = xp.where((xf >= lo) & (xf <= hi) | xp.isnan(xf), pos, out_bin)
     return bincount(xp.astype(pos, index_dtype(xp)), bins + 3, xp)
