@@ -274,8 +274,9 @@ class HistogramRangeShadow(RunningMinMaxShadow):
 
 class GroupShadow(RunningMinMaxShadow):
     """Low-bit per-group (``group_size`` along ``axis``; per tensor when ``axis is None``) stats merged with
-    ``minmax`` (static) or the last batch's (dynamic); stats float32 (a float64 first batch, or a float64
-    batch in dynamic mode, gives float64; merged batches keep the state's dtype)."""
+    ``minmax`` (static) or the last batch's (dynamic); a batch's stats are float32 (float64 for a float64
+    batch) and are cast to the state's dtype when merged (a float64 first batch, or a float64 batch in
+    dynamic mode, gives a float64 state; an int32 batch merged into it brings float32-rounded stats)."""
 
     def __init__(self, axis: int | None, group_size: int | None, dynamic: bool) -> None:
         super().__init__(axis)
@@ -293,6 +294,8 @@ class GroupShadow(RunningMinMaxShadow):
             x = np.moveaxis(x, ax, -1)
             x = x.reshape(x.shape[:-1] + (n // g, g))
             lo, hi = np.moveaxis(x.min(-1), -1, ax), np.moveaxis(x.max(-1), -1, ax)
+        with np.errstate(over="ignore"):  # the batch's statistics in its own dtype, then merged
+            lo, hi = np.asarray(lo).astype(dtype).astype(np.float64), np.asarray(hi).astype(dtype).astype(np.float64)
         if self.dynamic or self.lo is None:
             self.lo, self.hi, self.dtype = lo, hi, dtype
         else:
