@@ -23,11 +23,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from _torch_observer_configs import CONFIGS, config_id  # noqa: E402
+from _torch_observer_configs import CONFIGS, config_id, device_path  # noqa: E402
 
-import observers_core._compiled as compiled  # noqa: E402
-import observers_core._histogram as core_histogram  # noqa: E402
-import observers_core._minmax as core_minmax  # noqa: E402
 from observers_core.adapters import torch as ours  # noqa: E402
 from torch.ao.quantization import observer as torch_ao  # noqa: E402
 
@@ -62,16 +59,14 @@ def main() -> int:
     g = torch.Generator().manual_seed(0)
     batches = [torch.randn(*shape, generator=g) * scale for scale in (1.0, 3.0, 0.5)]
 
-    compiled.ENABLED = False  # the device path: no compiled kernel, no host shortcut
-    core_histogram.on_host = core_minmax.on_host = lambda x, xp: False
-
     print(f"torch {torch.__version__}; batch {shape} float32; aten operations in one forward on the device path")
     print(f"{'observer':40s} {'ours':>6s} {'torch.ao':>9s}  most frequent (ours)")
     for config in CONFIGS:
         name, kwargs = config
         if "ch_axis" in kwargs and not args.per_channel:
             continue
-        ops = ops_of_third_forward(getattr(ours, name)(**kwargs), batches)
+        with device_path():
+            ops = ops_of_third_forward(getattr(ours, name)(**kwargs), batches)
         anchor = getattr(torch_ao, name, None)
         comparable = anchor is not None and set(kwargs) <= {"ignore_nonfinite"}  # torch.ao's defaults otherwise
         anchor_ops = sum(ops_of_third_forward(anchor(), batches).values()) if comparable else ""

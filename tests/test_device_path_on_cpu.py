@@ -12,10 +12,8 @@ observer instead of the 10 fixed ones).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -24,13 +22,10 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-import observers_core._compiled as compiled  # noqa: E402
-import observers_core._histogram as core_histogram  # noqa: E402
-import observers_core._minmax as core_minmax  # noqa: E402
 from observers_core.adapters import torch as tobs  # noqa: E402
 
 from _adversarial_strategies import KINDS, make_batch  # noqa: E402
-from _torch_observer_configs import CONFIGS, config_id  # noqa: E402
+from _torch_observer_configs import CONFIGS, config_id, device_path  # noqa: E402
 
 _FUZZ_EXAMPLES = int(os.environ.get("OBSERVERS_CORE_FUZZ_EXAMPLES", "0") or 0)
 
@@ -47,15 +42,6 @@ def sequences() -> dict[str, list[torch.Tensor]]:
         "huge": [randn(8, 64, scale=1e37), randn(8, 64, scale=3e38).clamp(-3.4e38, 3.4e38), randn(8, 64)],
         "int_and_half": [torch.randint(-50, 50, (8, 64), generator=g), randn(8, 64, scale=20).half()],
     }
-
-
-@contextlib.contextmanager
-def device_path():
-    """The device path on CPU tensors: no compiled kernel, no host shortcut."""
-    with mock.patch.object(compiled, "ENABLED", False), \
-            mock.patch.object(core_histogram, "on_host", lambda x, xp: False), \
-            mock.patch.object(core_minmax, "on_host", lambda x, xp: False):
-        yield
 
 
 def run(name: str, kwargs: dict, batches: list) -> dict[str, np.ndarray] | str:
