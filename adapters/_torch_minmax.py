@@ -124,16 +124,16 @@ _NATIVE_INPUT_DTYPES = frozenset(
 
 def all_or_nothing(load):
     """For a torch observer's ``_load_from_state_dict``: a load that fails leaves the buffers as they were.
-    torch copies the entries present before ``load_state_dict(strict=True)`` raises for the missing ones;
-    here, when this module's own keys are missing (strict) or a check raises, its buffers are restored.
-    Nested overrides (``super()`` calls) are guarded once, by the outermost."""
+    torch copies the entries present before ``load_state_dict(strict=True)`` raises for the missing or
+    unexpected ones; here, when this module's own keys are missing or unexpected (strict) or a check raises,
+    its buffers are restored. Nested overrides (``super()`` calls) are guarded once, by the outermost."""
 
     @functools.wraps(load)
     def guarded(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         if self.__dict__.get("_loading_state", False):
             return load(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
         saved = {name: buf.detach().clone() for name, buf in self._buffers.items() if buf is not None}
-        missing_before = len(missing_keys)
+        keys_before = len(missing_keys) + len(unexpected_keys)
         self.__dict__["_loading_state"] = True
         try:
             load(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
@@ -142,7 +142,7 @@ def all_or_nothing(load):
             raise
         finally:
             self.__dict__["_loading_state"] = False
-        if strict and len(missing_keys) > missing_before:
+        if strict and len(missing_keys) + len(unexpected_keys) > keys_before:
             self._buffers.update(saved)
 
     return guarded

@@ -130,10 +130,11 @@ def test_symmetric_zero_point_beyond_int32_is_refused_everywhere(framework):
     ("KLObserver", {}), ("MixObserver", {}), ("PerGroupMinMaxObserver", dict(group_size=4)),
     ("FixedQParamsObserver", dict(scale=0.1, zero_point=0)),
 ])
-def test_a_state_dict_missing_a_key_changes_nothing(name, kwargs):
-    """torch's strict ``load_state_dict`` copies the entries present before it raises for a missing one
-    (torch.ao's observers end half loaded); ours raise the same RuntimeError with every buffer as it was
-    (found by the adversarial machine: a PerGroupMinMaxObserver took another state's min_val)."""
+def test_a_state_dict_missing_or_adding_a_key_changes_nothing(name, kwargs):
+    """torch's strict ``load_state_dict`` copies the entries present before it raises for a missing or an
+    unexpected one (torch.ao's observers end half loaded); ours raise the same RuntimeError with every
+    buffer as it was (found by the adversarial machine: a PerGroupMinMaxObserver took another state's
+    min_val; for an extra key, a PerBlockMXObserver's NaN statistics took NumPy's NaN bits)."""
     import torch
 
     from observers_core.adapters import torch as tobs
@@ -149,3 +150,9 @@ def test_a_state_dict_missing_a_key_changes_nothing(name, kwargs):
             observer.load_state_dict(partial)
         after = observer.state_dict()
         assert all(torch.equal(before[k], after[k]) for k in before), f"missing {missing!r} changed the state"
+    extra = other.state_dict()
+    extra["stray"] = torch.zeros(1)
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        observer.load_state_dict(extra)
+    after = observer.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "an unexpected key let the other state in"
