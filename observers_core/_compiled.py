@@ -139,6 +139,8 @@ def threads(n: int, *, grain: int = 1 << 16) -> int:
     was no faster with a pool thread than with the calling thread alone
     (``benchmarks/bench_kernel_threads.py``). ``torch.set_num_threads(k)`` leaves ``cpus - k`` of them to
     these kernels."""
+    if n < 2 * grain:  # one thread whatever the setting (no system call for small inputs)
+        return 1
     fixed = os.environ.get("OBSERVERS_CORE_THREADS", "")
     if fixed:
         if not fixed.isdigit() or int(fixed) < 1:

@@ -456,12 +456,20 @@ def histogram_update_counting(
     if views is not None:  # torch CPU: run as NumPy, hand torch tensors back
         import torch  # only reached with torch tensors
 
-        out, nonfinite = histogram_update_counting(HistogramState(*views[:3]), views[3], upsample_rate=up,
-                                                   ignore_nonfinite=ignore_nonfinite, xp=_numpy_namespace(),
-                                                   collective=collective)  # fmt: skip
+        out, nonfinite = _update_counting(HistogramState(*views[:3]), views[3], bins, up, ignore_nonfinite,
+                                          _numpy_namespace(), collective)
         return HistogramState(*(torch.from_numpy(np.asarray(a)) for a in out)), torch.from_numpy(nonfinite)
+    return _update_counting(state, x, bins, up, ignore_nonfinite, xp, collective)
+
+
+def _update_counting(state: HistogramState, x: Array, bins: int, up: int, ignore_nonfinite: bool, xp: Any,
+                     collective: Any) -> tuple[HistogramState, Array]:
+    """:func:`histogram_update_counting` after its checks (``bins``: the state's; ``up``: the upsample rate)."""
     with np.errstate(all="ignore"):
         xf = xp.astype(xp.reshape(x, (-1,)), xp.float32, copy=False)
+        host = host_view(xf, xp) if collective is None and size(xf) > 0 else None
+        if host is not None:
+            return _update_on_host(state, host, bins, up, ignore_nonfinite, xp)
         if size(xf) == 0:  # only with a collective: this member contributes nothing
             x_lo, x_hi = scalar_like(INF, state.min_val, xp), scalar_like(-INF, state.min_val, xp)
         else:
@@ -493,6 +501,47 @@ def histogram_update_counting(
             xp.where(poisoned, nan, new_max),
         )
         return new, xp.stack([infs, nans])
+
+
+def _update_on_host(state: HistogramState, host: np.ndarray, bins: int, up: int, ignore_nonfinite: bool,
+                    xp: Any) -> tuple[HistogramState, np.ndarray]:
+    """:func:`histogram_update_counting` of a non-empty float32 NumPy ``host`` without a collective: the array
+    code's float32 operations on NumPy scalars, each branch decided in Python (the array code computes
+    every branch with ``where`` on 0-d arrays: about a hundred NumPy calls of a few microseconds each, the
+    larger part of an update of a small tensor). Same bits (tests/test_device_path_on_cpu.py)."""
+    f32 = np.float32
+    old_min, old_max = f32(state.min_val), f32(state.max_val)
+    x_lo, x_hi = host.min(), host.max()
+    if not (np.isfinite(x_lo) and np.isfinite(x_hi)):
+        x_lo, x_hi = (f32(v) for v in _finite_range(host, xp))
+    poisoned = bool(np.isnan(old_min) or np.isnan(old_max))
+    fresh = poisoned or old_min == INF or old_max == -INF
+    new_min = x_lo if fresh else np.minimum(old_min, x_lo)
+    new_max = x_hi if fresh else np.maximum(old_max, x_hi)
+    lo, hi = new_min, new_max  # _histc_range, _histc's check and _bin_scale, branch by branch
+    if lo == hi and x_lo <= x_hi:
+        lo, hi = x_lo, x_hi
+    if lo == hi:
+        big = f32(_F32_MAX)
+        lo, hi = np.minimum(np.nextafter(lo, -big), lo - 1), np.maximum(np.nextafter(hi, big), hi + 1)
+    ok = bool(hi > lo and np.isfinite(lo) and np.isfinite(hi))
+    if not ok:
+        lo, hi = f32(0.0), f32(1.0)
+    half = f32(1.0) if np.isfinite(hi - lo) else f32(0.5)
+    width = hi * half - lo * half
+    num, den = (f32(bins * _SCALE), width * f32(_SCALE)) if not np.isfinite(width * f32(bins)) else (f32(bins), width)
+    c = split_sum(counts_kernel, host, threads(host.shape[0]), lo, hi, lo * half, half, num, den, bins, False)
+    nonfinite = c[[bins + 2, bins + 1]]
+    if poisoned or (not ignore_nonfinite and c[bins + 1] > 0):
+        nan = np.asarray(np.nan, dtype=np.float32)
+        return HistogramState(np.array(state.histogram), nan, nan.copy()), nonfinite
+    if not x_lo <= x_hi:  # nothing finite in the batch
+        return HistogramState(*(np.array(a) for a in state)), nonfinite
+    batch = np.zeros(bins, dtype=np.float32)
+    if ok:  # the value hi itself (position bins) goes into the last bin
+        batch[:bins - 1], batch[bins - 1] = c[:bins - 1], c[bins - 1] + c[bins]
+    new_min, new_max = np.asarray(new_min), np.asarray(new_max)
+    return HistogramState(batch + _to_range(state, new_min, new_max, up, xp), new_min, new_max), nonfinite
 
 
 def histogram_merge(a: HistogramState, b: HistogramState, /, *, upsample_rate: int = 16, xp: Any = None) -> HistogramState:

@@ -4,10 +4,10 @@ no host shortcut, no compiled kernel) run on CPU tensors must give the host path
 CUDA runs this path in the GPU tests only; this test covers it on every machine. The host shortcuts are
 switched off by patching the two predicates that choose them (``on_host`` in the core modules and
 ``_compiled.ENABLED``); the sequences exercise what the branch-free logic decides: the first batch, a
-single-valued state moved onto a wider range (the point mass), growing and unchanged ranges, +/-inf,
-NaN, integer and float16 batches, and ranges near float32's limit; a hypothesis test then draws random
-sequences of the adversarial batch kinds (``OBSERVERS_CORE_FUZZ_EXAMPLES=N``: N random examples per
-observer instead of the 10 fixed ones).
+single-valued state (also at float32's maximum) and its move onto a wider range (the point mass),
+growing and unchanged ranges, +/-inf, NaN, integer and float16 batches, and ranges near float32's limit;
+a hypothesis test then draws random sequences of the adversarial batch kinds
+(``OBSERVERS_CORE_FUZZ_EXAMPLES=N``: N random examples per observer instead of the 10 fixed ones).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def sequences() -> dict[str, list[torch.Tensor]]:
     randn = lambda *shape, scale=1.0: torch.randn(*shape, generator=g) * scale  # noqa: E731
     return {
         "growing": [randn(8, 64, scale=s) for s in (1.0, 3.0, 0.5, 10.0)],
+        "point": [torch.full((8, 64), 0.75)],  # the single value binned on torch.histc's widened range
+        "point_at_float32_max": [torch.full((8, 64), torch.finfo(torch.float32).max)],  # no wider range: nothing counted
         "point_then_wider": [torch.full((8, 64), 0.75), torch.full((8, 64), 0.75), randn(8, 64)],
         "point_then_one_other_value": [torch.full((8, 64), -2.0), torch.full((8, 64), 5.0), randn(8, 64)],
         "nonfinite": [randn(8, 64), torch.tensor([[float("inf"), -float("inf"), 1.0, 0.5] * 16] * 8), randn(8, 64)],
