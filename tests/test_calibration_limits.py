@@ -203,3 +203,31 @@ def test_averaged_range_stays_ordered_where_the_formula_cancels(framework):
         if c == 1.0:
             np.testing.assert_array_equal(got[0][:2], lo[:2])  # c = 1: the batch's range exactly
             np.testing.assert_array_equal(got[1][:2], hi[:2])
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax"])
+def test_averaged_range_per_tensor_stays_ordered_where_the_formula_cancels(framework):
+    """The same per tensor with a batch range ``lo < hi`` (NumPy's per-tensor average runs on scalars):
+    (-1, 1e30) seeing [0.125, 0.25] with ``c = 1`` gives ``max_val = 0`` by the formula; both sides take
+    the convex average, the batch's range exactly. Likewise a side whose difference overflows."""
+    from observers_core import MinMaxState
+    from observers_core.families.calibration import average_range
+
+    xp, arr = _namespace_and_maker(framework)
+    f32 = np.float32
+    for c, cancels in ((1.0, True), (0.5, False)):
+        state = MinMaxState(arr(np.asarray(-1.0, dtype=f32)), arr(np.asarray(1e30, dtype=f32)))
+        got = [np.asarray(v) for v in average_range(state, arr(np.asarray(0.125, dtype=f32)),
+                                                     arr(np.asarray(0.25, dtype=f32)), c, xp)]
+        formula = (f32(-1.0) + f32(c) * (f32(0.125) - f32(-1.0)), f32(1e30) + f32(c) * (f32(0.25) - f32(1e30)))
+        assert (formula[0] > formula[1]) == cancels
+        expected = (f32(0.125), f32(0.25)) if cancels else formula
+        assert got[0].shape == () and got[0] <= got[1], (c, got)
+        np.testing.assert_array_equal(np.stack(got), np.stack(expected))
+    # (-3e38, -2e38) seeing [2e38, 3e38]: both differences overflow (the formula gives +inf on both sides,
+    # still ordered); each side takes the convex average
+    state = MinMaxState(arr(np.asarray(-3e38, dtype=f32)), arr(np.asarray(-2e38, dtype=f32)))
+    got = [np.asarray(v) for v in average_range(state, arr(np.asarray(2e38, dtype=f32)),
+                                                 arr(np.asarray(3e38, dtype=f32)), 0.5, xp)]
+    expected = (f32(-3e38) * f32(0.5) + f32(2e38) * f32(0.5), f32(-2e38) * f32(0.5) + f32(3e38) * f32(0.5))
+    np.testing.assert_array_equal(np.stack(got), np.stack(expected))

@@ -47,7 +47,9 @@ from .._dtypes import QuantSpec, quant_spec
 from .._minmax import (
     MinMaxState, minmax_init, minmax_merge, minmax_qparams, minmax_update, moving_average_merge, moving_average_update,
 )
-from .._namespace import array_namespace, channel_rows, device_of, explicit_replicated, is_finite, size
+from .._namespace import (
+    array_namespace, channel_rows, device_of, explicit_replicated, is_finite, is_numpy_namespace, size,
+)
 from .._qparams import calculate_qparams
 from .._quantize import fake_quantize
 from .._validate import INF, check_averaging_constant, check_bool, check_channel_count, check_int
@@ -223,6 +225,9 @@ def average_range(state: MinMaxState, lo: Array, hi: Array, averaging_constant: 
     the formula's infinity would leave, say, ``max_val = -inf`` beside a finite ``min_val``), that side;
     where the result has ``min_val > max_val`` (cancellation: ``1e30 + 1 * (0.125 - 1e30)`` is 0, not
     0.125), both sides."""
+    fast = _average_on_host(state, lo, hi, float(averaging_constant), xp)
+    if fast is not None:
+        return fast
     pairs = xp.stack([lo, hi], axis=-1)
     new = moving_average_update(
         state, pairs, averaging_constant=averaging_constant, axis=None if lo.ndim == 0 else 0,
@@ -236,6 +241,31 @@ def average_range(state: MinMaxState, lo: Array, hi: Array, averaging_constant: 
         averaged.append(xp.where(overflow, convex[-1], value))
     disordered = (averaged[0] > averaged[1]) & (lo <= hi)
     return MinMaxState(*(xp.where(disordered, a, b) for a, b in zip(convex, averaged)))
+
+
+def _average_on_host(state: MinMaxState, lo: Array, hi: Array, c: float, xp: Any) -> MinMaxState | None:
+    """:func:`average_range` of 0-d float32 NumPy values with a finite range ``lo < hi`` (per tensor, the
+    common case): the array code's float32 operations on NumPy scalars, the branches decided in Python
+    (the array code spends some 50 NumPy calls on two numbers). ``None`` otherwise, and with the compiled
+    kernels off (the host paths' switch). ``lo == hi`` is left to the array code: NumPy's min of
+    ``[-0.0, 0.0]`` is ``0.0``, which it keeps."""
+    views = [host_view(v, xp) for v in (state.min_val, state.max_val, lo, hi)] if is_numpy_namespace(xp) else [None]
+    if any(v is None or v.ndim != 0 or v.dtype != np.float32 for v in views):
+        return None
+    old_min, old_max, lo, hi = (np.float32(v) for v in views)
+    if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+        return None
+    if old_min == INF and old_max == -INF:  # the first range initialises
+        return MinMaxState(np.asarray(lo), np.asarray(hi))
+    convex, averaged = [], []
+    with np.errstate(all="ignore"):
+        for old, target in ((old_min, lo), (old_max, hi)):
+            convex.append(old * (1.0 - c) + target * c)
+            value = old + c * (target - old)
+            overflow = np.isfinite(old) and np.isfinite(target) and not np.isfinite(value)
+            averaged.append(convex[-1] if overflow else value)
+    new_min, new_max = convex if averaged[0] > averaged[1] else averaged
+    return MinMaxState(np.asarray(new_min), np.asarray(new_max))
 
 
 def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: QuantSpec, xp: Any,
