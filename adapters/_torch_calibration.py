@@ -79,7 +79,14 @@ def _run(fn, *args, **kwargs):
         return fn(*args, xp=_xpt, **kwargs)
     view_of = {id(t): v for t, v in zip(tensors, views)}
     out = fn(*_tree_map(lambda t: view_of.get(id(t), t), args), xp=_xpn, **kwargs)
-    return _tree_map(lambda a: torch.as_tensor(np.asarray(a)), out)
+    return _tree_map(_as_tensor, out)
+
+
+def _as_tensor(a) -> torch.Tensor:
+    """A NumPy result as a tensor sharing its memory (``torch.from_numpy``: a third of ``torch.as_tensor``'s
+    cost; read-only arrays, which it would warn about, go through ``as_tensor``)."""
+    a = np.asarray(a)
+    return torch.from_numpy(a) if a.flags.writeable else torch.as_tensor(a)
 
 __all__ = list(_base.__all__)
 

@@ -45,7 +45,7 @@ from .._compiled import (
 )
 from .._dtypes import QuantSpec, quant_spec
 from .._minmax import (
-    MinMaxState, minmax_init, minmax_merge, minmax_qparams, minmax_update, moving_average_merge, moving_average_update,
+    MinMaxState, aminmax, minmax_init, minmax_merge, minmax_qparams, minmax_update, moving_average_merge, moving_average_update,
 )
 from .._namespace import (
     array_namespace, channel_rows, device_of, explicit_replicated, is_finite, is_numpy_namespace, size,
@@ -198,6 +198,8 @@ def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any)
 def observed_range(x: Array, *, axis: int | None, xp: Any, collective: Any = None) -> tuple[Array, Array]:
     """The finite range of ``x`` as float32 (``(+inf, -inf)`` where nothing finite was seen; with a
     collective, of every member's ``x``). JAX, channels sharded over Explicit mesh axes: replicated."""
+    if is_numpy_namespace(xp) and axis is None and collective is None and size(x) > 0:  # no state to fold in
+        return tuple(np.asarray(v, dtype=np.float32) for v in aminmax(x, ignore_nonfinite=True, xp=xp))
     state = minmax_init(num_channels=None if axis is None else x.shape[axis], device=device_of(x), xp=xp)
     lo, hi = minmax_update(state, x, axis=axis, ignore_nonfinite=True, xp=xp, collective=collective)
     replicated = explicit_replicated(lo, xp)  # JAX, channels sharded over Explicit mesh axes: replicated,
