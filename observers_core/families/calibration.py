@@ -45,7 +45,8 @@ from .._compiled import (
 )
 from .._dtypes import QuantSpec, quant_spec
 from .._minmax import (
-    MinMaxState, aminmax, minmax_init, minmax_merge, minmax_qparams, minmax_update, moving_average_merge, moving_average_update,
+    MinMaxState, aminmax, minmax_init, minmax_merge, minmax_qparams, minmax_update, moving_average_merge,
+    moving_average_update,
 )
 from .._namespace import (
     array_namespace, channel_rows, device_of, explicit_replicated, is_finite, is_numpy_namespace, size,
