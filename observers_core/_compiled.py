@@ -139,12 +139,12 @@ def threads(n: int, *, grain: int = 1 << 16) -> int:
     was no faster with a pool thread than with the calling thread alone
     (``benchmarks/bench_kernel_threads.py``). ``torch.set_num_threads(k)`` leaves ``cpus - k`` of them to
     these kernels."""
+    fixed = os.environ.get("OBSERVERS_CORE_THREADS", "")
+    if fixed and (not fixed.isdigit() or int(fixed) < 1):
+        raise ValueError(f"OBSERVERS_CORE_THREADS must be a positive integer, got {fixed!r}")
     if n < 2 * grain:  # one thread whatever the setting (no system call for small inputs)
         return 1
-    fixed = os.environ.get("OBSERVERS_CORE_THREADS", "")
     if fixed:
-        if not fixed.isdigit() or int(fixed) < 1:
-            raise ValueError(f"OBSERVERS_CORE_THREADS must be a positive integer, got {fixed!r}")
         workers = int(fixed)
     else:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -173,6 +173,16 @@ def test_threads_leave_torchs_threads_their_cores_and_follow_the_grain():
         torch.set_num_threads(saved)
 
 
+@pytest.mark.parametrize("value", ["abc", "0", "-2"])
+def test_threads_refuses_a_bad_setting_for_any_input_size(monkeypatch, value):
+    """``OBSERVERS_CORE_THREADS`` must be a positive integer; a bad value is refused even where a small
+    input would take one thread anyway."""
+    monkeypatch.setenv("OBSERVERS_CORE_THREADS", value)
+    for n in (10, 1 << 24):
+        with pytest.raises(ValueError, match="OBSERVERS_CORE_THREADS"):
+            _compiled.threads(n)
+
+
 def test_observers_core_threads_sets_the_count(monkeypatch):
     """OBSERVERS_CORE_THREADS fixes the kernels' thread count (still one per 64K values at most); anything
     but a positive integer is refused with a ValueError naming the variable."""
