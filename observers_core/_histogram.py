@@ -467,7 +467,7 @@ def _update_counting(state: HistogramState, x: Array, bins: int, up: int, ignore
     """:func:`histogram_update_counting` after its checks (``bins``: the state's; ``up``: the upsample rate)."""
     with np.errstate(all="ignore"):
         xf = xp.astype(xp.reshape(x, (-1,)), xp.float32, copy=False)
-        host = host_view(xf, xp) if collective is None and size(xf) > 0 else None
+        host = host_view(xf, xp) if is_numpy_namespace(xp) and collective is None and size(xf) > 0 else None
         if host is not None:
             return _update_on_host(state, host, bins, up, ignore_nonfinite, xp)
         if size(xf) == 0:  # only with a collective: this member contributes nothing

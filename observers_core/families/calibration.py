@@ -252,10 +252,12 @@ def _average_on_host(state: MinMaxState, lo: Array, hi: Array, c: float, xp: Any
     (the array code spends some 50 NumPy calls on two numbers). ``None`` otherwise, and with the compiled
     kernels off (the host paths' switch). ``lo == hi`` is left to the array code: NumPy's min of
     ``[-0.0, 0.0]`` is ``0.0``, which it keeps."""
-    views = [host_view(v, xp) for v in (state.min_val, state.max_val, lo, hi)] if is_numpy_namespace(xp) else [None]
-    if any(v is None or v.ndim != 0 or v.dtype != np.float32 for v in views):
+    if not is_numpy_namespace(xp) or host_view(lo, xp) is None:  # (None: the kernels are off)
         return None
-    old_min, old_max, lo, hi = (np.float32(v) for v in views)
+    values = [np.asarray(v) for v in (state.min_val, state.max_val, lo, hi)]
+    if any(v.ndim != 0 or v.dtype != np.float32 for v in values):
+        return None
+    old_min, old_max, lo, hi = (np.float32(v) for v in values)
     if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
         return None
     if old_min == INF and old_max == -INF:  # the first range initialises
