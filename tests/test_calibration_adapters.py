@@ -24,6 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import array_api_compat.numpy as npx  # noqa: E402
+from array_api_compat import array_namespace  # noqa: E402
 import observers_core as oc  # noqa: E402
 from _calibration_reference import (  # noqa: E402
     kl_threshold_ref,
@@ -745,6 +746,43 @@ def test_cupy_state_stays_on_the_inputs_gpu():
             assert isinstance(arr, cupy.ndarray) and arr.device == device
     with pytest.raises(TypeError, match="cupy.ndarray"):
         obs(np.ones((3, 6), np.float32))
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch-cuda", "cupy"])
+def test_per_channel_results_do_not_depend_on_the_chunk_bound(backend, monkeypatch):
+    """The searches evaluate channels in chunks that bound their temporaries, with a larger bound on an eager
+    GPU (torch CUDA, CuPy: fewer launches). Every calibration observer per channel gives the same state and
+    qparams, bit for bit, with its backend's bound as with one channel per chunk."""
+    from observers_core import _calibration
+
+    if backend == "torch-cuda" and not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device here")
+    if backend == "cupy":
+        if not _cupy_available():
+            pytest.skip("cupy or a CUDA device is not available here")
+        import cupy
+        from observers_core.adapters import cupy as module
+
+        asarray, qscheme = cupy.asarray, "per_channel_symmetric"
+    else:
+        module, qscheme = tobs, torch.per_channel_symmetric
+        asarray = (lambda a: to_torch(a).cuda()) if backend == "torch-cuda" else to_torch
+    probe = asarray(np.zeros(1, np.float32))
+    bound = _calibration._chunk_elements(probe, array_namespace(probe))
+    assert bound == (_calibration._CHUNK_ELEMENTS if backend == "torch" else _calibration._DEVICE_CHUNK_ELEMENTS)
+    batches = batches_of(16, n=3)
+    for cls_name in CLASSES:
+        results = []
+        for chunk in (None, 1):
+            if chunk is not None:
+                monkeypatch.setattr(_calibration, "_CHUNK_ELEMENTS", chunk)
+                monkeypatch.setattr(_calibration, "_DEVICE_CHUNK_ELEMENTS", chunk)
+            obs = observe(getattr(module, cls_name)(bins=256, ch_axis=1, qscheme=qscheme), batches, asarray)
+            state = obs.state_dict()
+            results.append([to_numpy(a) for a in (state["min_val"], state["max_val"], *obs.calculate_qparams())])
+            monkeypatch.undo()
+        for ours, expected in zip(*results):
+            assert_same(ours, expected, cls_name)
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
