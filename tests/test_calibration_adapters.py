@@ -777,7 +777,8 @@ def test_per_channel_results_do_not_depend_on_the_chunk_bound(backend, monkeypat
             if chunk is not None:
                 monkeypatch.setattr(_calibration, "_CHUNK_ELEMENTS", chunk)
                 monkeypatch.setattr(_calibration, "_DEVICE_CHUNK_ELEMENTS", chunk)
-            obs = observe(getattr(module, cls_name)(bins=256, ch_axis=1, qscheme=qscheme), batches, asarray)
+            obs = getattr(module, cls_name)(bins=256, ch_axis=1, qscheme=qscheme)
+            obs = observe(obs.cuda() if backend == "torch-cuda" else obs, batches, asarray)
             state = obs.state_dict()
             results.append([to_numpy(a) for a in (state["min_val"], state["max_val"], *obs.calculate_qparams())])
             monkeypatch.undo()
