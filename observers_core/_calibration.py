@@ -80,8 +80,8 @@ Array = Any
 #: Most intermediate elements one channel chunk of a search materialises (bounds peak memory).
 _CHUNK_ELEMENTS = 1 << 22
 #: The same bound on an eager GPU (torch CUDA, CuPy), where each chunk costs tens of kernel launches: on an
-#: H200, per-channel MSE forwards of (64, 4096) with 4096 channels took 274 ms at 2**22 and 69 ms at 2**24,
-#: the same peak memory (1.5 GiB); (8, 64, 56, 56) with 64 channels 9.3 -> 6.1 ms, peak 59 -> 217 MiB.
+#: H200, per-channel MSE forwards of (64, 4096) with 4096 channels took 257 ms at 2**22 and 61 ms at 2**24
+#: (benchmarks/RESULTS.md, "fourth session"); temporaries of up to 2**24 elements each.
 _DEVICE_CHUNK_ELEMENTS = 1 << 24
 
 
