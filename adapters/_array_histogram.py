@@ -3,7 +3,7 @@
 Used directly (``xp=numpy`` by default, or ``array_api_strict``) it is a plain NumPy observer;
 ``observers_core.adapters.jax`` and ``.cupy`` bind it to their backend (``jax.jit``, device handling).
 The torch adapter (:mod:`observers_core.adapters._torch_histogram`) keeps the same statistics in
-``nn.Module`` buffers and reuses :func:`check_loaded_state` from here.
+``nn.Module`` buffers and reuses :func:`observers_core.families.histogram.check_loaded_state`.
 
 Statistics: a :class:`~observers_core.HistogramState` ``(histogram, min_val, max_val)`` (float32
 ``(bins,)`` counts over ``[min_val, max_val]``, 0-d bounds, ``+inf``/``-inf`` before any input), updated by
@@ -39,12 +39,14 @@ from typing import Any
 import numpy as np
 
 from observers_core._dtypes import FLOAT32_EPS, QScheme
-from observers_core._histogram import DST_BITS, HistogramState, check_bins, check_upsample_rate
+from observers_core._histogram import HistogramState, check_bins, check_upsample_rate
 from observers_core.families import histogram as family
 from observers_core._namespace import device_of
 from observers_core._qparams import QParams
 
-from ._array_observers import UniformQuantizationObserverBase, check_entry, check_keys, read_only, refuse_unknown
+from observers_core._state_dict import check_entry, check_keys
+
+from ._array_observers import UniformQuantizationObserverBase, read_only, refuse_unknown
 
 __all__ = ["HistogramObserver"]
 
@@ -52,45 +54,6 @@ Array = Any
 
 #: torch's state_dict keys of a HistogramObserver, in torch's order.
 STATE_KEYS = ("eps", "histogram", "min_val", "max_val")
-
-
-def check_dtype(dtype: str, owner: str) -> int:
-    """``dst_nbins = 2**bits`` of a quantized dtype name (torch: ``2 ** torch.iinfo(dtype).bits``);
-    ``ValueError`` naming ``dtype`` for formats the histogram search does not handle (floats)."""
-    if dtype not in DST_BITS:
-        raise ValueError(f"dtype={dtype!r} is not supported by {owner}; allowed: {', '.join(DST_BITS)}")
-    return 2 ** DST_BITS[dtype]
-
-
-def check_loaded_state(
-    histogram: np.ndarray, min_val: np.ndarray, max_val: np.ndarray, bins: int, owner: str
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Validated state_dict entries as float32 numpy arrays ``(histogram, min_val, max_val)``.
-
-    ``min_val``/``max_val`` of shape ``(0,)`` (torch's uninitialised buffers before version 3) become
-    ``+inf``/``-inf``. Checked: ``histogram`` of shape ``(bins,)`` with finite non-negative counts;
-    ``min_val``/``max_val`` 0-d and either never updated (``+inf``, ``-inf``), NaN (an observer that saw
-    NaN) or finite with ``min_val <= max_val``."""
-    if histogram.shape != (bins,):
-        raise ValueError(f"state_dict['histogram'] must have shape ({bins},) for {owner} with bins={bins}, "
-                         f"got {histogram.shape}")  # fmt: skip
-    hist = histogram.astype(np.float32)
-    if not (np.all(np.isfinite(hist)) and np.all(hist >= 0)):
-        raise ValueError("state_dict['histogram'] must hold finite, non-negative counts")
-    bounds = []
-    for name, value, fill in (("min_val", min_val, np.inf), ("max_val", max_val, -np.inf)):
-        if value.shape == (0,):
-            value = np.asarray(fill)
-        if value.shape != ():
-            raise ValueError(f"state_dict[{name!r}] must be 0-d (or (0,): never updated), got shape {value.shape}")
-        bounds.append(value.astype(np.float32))
-    lo, hi = bounds
-    never = lo == np.inf and hi == -np.inf
-    poisoned = np.isnan(lo) and np.isnan(hi)
-    if not (never or poisoned or (np.isfinite(lo) and np.isfinite(hi) and lo <= hi)):
-        raise ValueError(f"state_dict has min_val={float(lo)} and max_val={float(hi)}; allowed: finite with "
-                         "min_val <= max_val, both NaN, or inf and -inf (never updated)")  # fmt: skip
-    return hist, lo, hi
 
 
 class HistogramObserver(UniformQuantizationObserverBase):
@@ -139,7 +102,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
             dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
             ignore_nonfinite=ignore_nonfinite, xp=xp,
         )
-        self._dst_nbins = check_dtype(self._spec.dtype, owner)
+        self._dst_nbins = family.check_dtype(self._spec.dtype, owner)
 
     # -- configuration -------------------------------------------------------------------------------
     bins = read_only("_bins", "Number of histogram bins.")
@@ -223,7 +186,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load ``eps``, ``histogram``, ``min_val``, ``max_val`` from numpy arrays, this framework's arrays
         or torch CPU tensors (a ``torch.ao`` HistogramObserver's ``state_dict()`` loads as is, including
-        the ``(0,)`` min/max of torch's version < 3). Everything is checked (:func:`check_loaded_state`,
+        the ``(0,)`` min/max of torch's version < 3). Everything is checked (:func:`~observers_core.families.histogram.check_loaded_state`,
         ``eps`` positive and finite) before anything changes."""
         owner = type(self).__name__
         check_keys(state_dict, STATE_KEYS, owner)
@@ -232,7 +195,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         if not (math.isfinite(eps_val) and eps_val > 0):
             raise ValueError(f"state_dict['eps']={eps_val!r} must be positive and finite")
         entries = (check_entry(state_dict[k], k, None) for k in ("histogram", "min_val", "max_val"))
-        checked = check_loaded_state(*entries, bins=self._bins, owner=owner)
+        checked = family.check_loaded_state(*entries, bins=self._bins, owner=owner)
         like = None if self._state is None else self._state.min_val
         self._spec = dataclasses.replace(self._spec, eps=eps_val)
         self._state = HistogramState(*(self._place(a, self._xp.float32, like) for a in checked))

@@ -35,6 +35,7 @@ from observers_core._dtypes import FLOAT32_EPS
 from observers_core._minmax import MinMaxState
 from observers_core._mx import BlockScale
 from observers_core._qparams import QParams
+from observers_core._state_dict import check_entry, check_keys
 from observers_core.families import lowbit as family
 from observers_core.families.lowbit import (
     UNINITIALIZED_WARNING,
@@ -45,7 +46,7 @@ from observers_core.families.lowbit import (
     unobserved_state,
 )
 
-from ._array_observers import StatefulObserver, check_entry, check_keys
+from ._array_observers import StatefulObserver
 
 __all__ = [
     "LowBitObserver",

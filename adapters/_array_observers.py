@@ -27,10 +27,11 @@ from observers_core._dtypes import FLOAT32_EPS, QScheme, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import check_real, device_of, index_dtype, normalize_axis, size
 from observers_core._qparams import UNINITIALIZED_WARNING, QParams
-from observers_core._validate import check_averaging_constant, check_bool, check_channel_count, check_eps
+from observers_core._state_dict import check_entry, check_keys, check_minmax_entries
+from observers_core._validate import check_averaging_constant, check_bool, check_channel_count
 from observers_core.families import minmax as family
 
-from ._backend import EXTENSION_FLOATS, Backend
+from ._backend import Backend
 
 __all__ = [
     "ObserverBase",
@@ -57,75 +58,6 @@ def refuse_unknown(owner: str, unknown: Mapping[str, Any]) -> None:
 def read_only(path: str, doc: str | None = None) -> property:
     """A read-only property returning the attribute at ``path`` (dotted: ``"_spec.quant_min"``)."""
     return property(operator.attrgetter(path), doc=doc)
-
-
-def host_array(value: Any, name: str) -> np.ndarray:
-    """A state-dict entry (numpy, cupy, jax, torch CPU, array_api_strict...) as a numpy array."""
-    if hasattr(value, "get") and type(value).__module__.startswith("cupy"):
-        return value.get()
-    if hasattr(value, "detach"):  # a torch tensor from a torch.ao observer's state_dict
-        value = value.detach().cpu()
-    try:
-        return np.asarray(value)
-    except (TypeError, ValueError, RuntimeError):
-        pass
-    try:
-        return np.from_dlpack(value)
-    except (TypeError, ValueError, RuntimeError, AttributeError, BufferError) as err:
-        raise TypeError(f"state_dict[{name!r}] must be an array, got {type(value).__name__}") from err
-
-
-def check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.ndarray:
-    """``value`` as a float64 numpy array after checking dtype and (if given) shape."""
-    arr = host_array(value, name)
-    if arr.dtype.name in EXTENSION_FLOATS:
-        arr = arr.astype(np.float32)
-    if arr.dtype.kind not in "fiu":
-        raise TypeError(f"state_dict[{name!r}] must hold real numbers, got dtype {arr.dtype}")
-    if shape is not None and arr.shape != shape:
-        raise ValueError(f"state_dict[{name!r}] must have shape {shape}, got {arr.shape}")
-    return arr
-
-
-def check_keys(state_dict: Any, expected: tuple[str, ...], owner: str) -> None:
-    if not isinstance(state_dict, Mapping):
-        raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
-    missing = [k for k in expected if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in expected]
-    if missing or unexpected:
-        raise ValueError(
-            f"state_dict for {owner} must have exactly the keys {list(expected)}; "
-            f"missing: {missing}, unexpected: {unexpected}"
-        )
-
-
-def check_minmax_entries(
-    eps: Any, min_val: Any, max_val: Any, *, per_channel: bool, owner: str
-) -> tuple[float, np.ndarray, np.ndarray]:
-    """The min/max observers' state-dict entries (arrays of any framework), checked and as
-    ``(eps, min_val, max_val)`` (float, float32 numpy arrays): shapes ``(1,)`` for ``eps``, ``()`` per
-    tensor or equal ``(C,)`` per channel (``C = 0``: never updated); real dtypes; ``eps`` a positive
-    float32 normal; each ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``).
-    Shared by every adapter's ``load_state_dict``, so all accept and refuse the same."""
-    eps = check_entry(eps, "eps", (1,))
-    shape = None if per_channel else ()
-    lo = check_entry(min_val, "min_val", shape)
-    hi = check_entry(max_val, "max_val", shape)
-    if per_channel and (lo.ndim != 1 or lo.shape != hi.shape):
-        raise ValueError(
-            f"state_dict['min_val'] and ['max_val'] must both have shape (C,) for {owner}, got {lo.shape} and {hi.shape}"
-        )
-    eps_val = check_eps(float(eps.astype(np.float32)[0]), "state_dict['eps']")
-    lo32, hi32 = lo.astype(np.float32), hi.astype(np.float32)
-    with np.errstate(invalid="ignore"):
-        never = (lo32 == np.inf) & (hi32 == -np.inf)
-        bad = (lo32 > hi32) & ~never
-    if np.any(bad):
-        raise ValueError(
-            f"state_dict has min_val > max_val at {np.argwhere(bad).ravel().tolist() or '()'}: "
-            f"{lo32[bad].tolist()} > {hi32[bad].tolist()}"
-        )
-    return eps_val, lo32, hi32
 
 
 class ObserveLoop:

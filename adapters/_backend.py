@@ -30,11 +30,10 @@ import numpy as np
 
 from observers_core._collective import check_collective
 from observers_core._namespace import device_of, namespace_of
+from observers_core._state_dict import EXTENSION_FLOATS
 
 Array = Any
 
-#: NumPy extension float dtypes (ml_dtypes) that the array-API namespaces do not know; cast to float32.
-EXTENSION_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 
 
 class Backend:

@@ -48,13 +48,12 @@ import torch
 from observers_core._histogram import HistogramState, check_bins, check_upsample_rate, histogram
 from observers_core._l2_search import non_linear_param_search, quantization_error
 from observers_core._dtypes import QScheme
+from observers_core._state_dict import check_entry
 from observers_core._validate import INF
 from observers_core.families import histogram as family
 
 from . import _array_histogram
-from ._array_histogram import check_dtype, check_loaded_state
 from ._catalog import constructor_on
-from ._array_observers import check_entry
 from ._torch_distributed import fold_merge, merge_keys
 from ._torch_minmax import (
     all_or_nothing,
@@ -112,7 +111,7 @@ class _HistogramObserver(UniformQuantizationObserverBase):
         if is_dynamic:
             raise UnsupportedConfigError("is_dynamic=True is not supported: HistogramObserver doesn't support "
                                          "dynamic quantization")  # fmt: skip
-        dst_nbins = check_dtype(to_core_dtype(dtype), "HistogramObserver")
+        dst_nbins = family.check_dtype(to_core_dtype(dtype), "HistogramObserver")
         super().__init__(
             dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max,
             factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **kwargs,
@@ -240,7 +239,7 @@ class _HistogramObserver(UniformQuantizationObserverBase):
         if all(isinstance(state_dict.get(k), torch.Tensor) for k in keys.values()):
             # checked before anything changes; the values are then copied into the buffers by the base
             entries = [check_entry(state_dict[k], k, None) for k in keys.values()]
-            hist, lo, hi = check_loaded_state(*entries, bins=self.bins, owner="HistogramObserver")
+            hist, lo, hi = family.check_loaded_state(*entries, bins=self.bins, owner="HistogramObserver")
             for name, value in zip(keys, (hist, lo, hi)):
                 state_dict[keys[name]] = torch.from_numpy(value)
         super()._load_from_state_dict(

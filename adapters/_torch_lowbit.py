@@ -30,6 +30,7 @@ import torch
 
 from observers_core._lowbit import lowbit_fake_quantize, lowbit_qparams
 from observers_core._minmax import MinMaxState
+from observers_core._state_dict import check_entry
 
 from observers_core.families import lowbit as lowbit_family
 
@@ -37,7 +38,7 @@ from . import _array_lowbit as _base
 from ._catalog import constructor_on
 from observers_core._validate import check_bool
 
-from ._array_observers import ObserveLoop, check_entry
+from ._array_observers import ObserveLoop
 from ._torch_distributed import SyncMixin
 from ._torch_minmax import TORCH_XP, ObserverBase, all_or_nothing, as_torch_entries, checked_input
 from ._torch_pt2e import link_torchao, pt2e_observer

@@ -25,10 +25,11 @@ from .. import (
 )
 from .._dtypes import parse_dtype
 from .._qparams import UNINITIALIZED_WARNING
+from .._state_dict import check_entry, check_minmax_entries, host_array
 from .._validate import INF, check_averaging_constant, check_bool, check_channel_count
 from ..families import minmax as minmax_family
 from . import _array_observers as _base
-from ._array_observers import ObserveLoop, check_entry, check_minmax_entries, host_array
+from ._array_observers import ObserveLoop
 from ._catalog import constructor_on
 from ._torch_distributed import SyncMixin, mean_of_replicas
 from ._torch_pt2e import link_torchao, pt2e_observer
@@ -324,7 +325,7 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
     def _check_loaded(self, state_dict, prefix) -> None:
         """Before anything is loaded: entries of another framework (numpy, JAX, CuPy, array_api_strict)
         become tensors, and ``eps``/``min_val``/``max_val`` pass the checks every adapter applies
-        (:func:`~observers_core.adapters._array_observers.check_minmax_entries`); ``ValueError``/``TypeError``
+        (:func:`observers_core._state_dict.check_minmax_entries`); ``ValueError``/``TypeError``
         otherwise, with the buffers untouched."""
         keys = as_torch_entries(state_dict, prefix, ("eps", "min_val", "max_val"))
         if all(key in state_dict for key in keys):

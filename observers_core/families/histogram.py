@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .._dtypes import QuantSpec
 from .._histogram import (
     DST_BITS,
@@ -37,7 +39,10 @@ from .._l2_search import histogram_qparams
 from .._qparams import QParams
 from .._validate import check_bool
 
-__all__ = ["STATE_KEYS", "Config", "State", "init", "merge", "qparams", "update", "update_counting"]
+__all__ = [
+    "STATE_KEYS", "Config", "State", "check_dtype", "check_loaded_state", "init", "merge", "qparams", "update",
+    "update_counting",
+]
 
 State = HistogramState
 #: torch's state_dict keys of the state (torch's buffers also hold ``eps``, which is ``config.spec.eps``).
@@ -65,6 +70,45 @@ class Config:
                              "per_tensor_affine, per_tensor_symmetric")  # fmt: skip
         if self.spec.dtype not in DST_BITS:
             raise ValueError(f"spec.dtype={self.spec.dtype} is not supported; allowed: {', '.join(DST_BITS)}")
+
+
+def check_dtype(dtype: str, owner: str) -> int:
+    """``dst_nbins = 2**bits`` of a quantized dtype name (torch: ``2 ** torch.iinfo(dtype).bits``);
+    ``ValueError`` naming ``dtype`` for formats the histogram search does not handle (floats)."""
+    if dtype not in DST_BITS:
+        raise ValueError(f"dtype={dtype!r} is not supported by {owner}; allowed: {', '.join(DST_BITS)}")
+    return 2 ** DST_BITS[dtype]
+
+
+def check_loaded_state(
+    histogram: np.ndarray, min_val: np.ndarray, max_val: np.ndarray, bins: int, owner: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Validated state_dict entries as float32 numpy arrays ``(histogram, min_val, max_val)``.
+
+    ``min_val``/``max_val`` of shape ``(0,)`` (torch's uninitialised buffers before version 3) become
+    ``+inf``/``-inf``. Checked: ``histogram`` of shape ``(bins,)`` with finite non-negative counts;
+    ``min_val``/``max_val`` 0-d and either never updated (``+inf``, ``-inf``), NaN (an observer that saw
+    NaN) or finite with ``min_val <= max_val``."""
+    if histogram.shape != (bins,):
+        raise ValueError(f"state_dict['histogram'] must have shape ({bins},) for {owner} with bins={bins}, "
+                         f"got {histogram.shape}")  # fmt: skip
+    hist = histogram.astype(np.float32)
+    if not (np.all(np.isfinite(hist)) and np.all(hist >= 0)):
+        raise ValueError("state_dict['histogram'] must hold finite, non-negative counts")
+    bounds = []
+    for name, value, fill in (("min_val", min_val, np.inf), ("max_val", max_val, -np.inf)):
+        if value.shape == (0,):
+            value = np.asarray(fill)
+        if value.shape != ():
+            raise ValueError(f"state_dict[{name!r}] must be 0-d (or (0,): never updated), got shape {value.shape}")
+        bounds.append(value.astype(np.float32))
+    lo, hi = bounds
+    never = lo == np.inf and hi == -np.inf
+    poisoned = np.isnan(lo) and np.isnan(hi)
+    if not (never or poisoned or (np.isfinite(lo) and np.isfinite(hi) and lo <= hi)):
+        raise ValueError(f"state_dict has min_val={float(lo)} and max_val={float(hi)}; allowed: finite with "
+                         "min_val <= max_val, both NaN, or inf and -inf (never updated)")  # fmt: skip
+    return hist, lo, hi
 
 
 def init(config: Config, /, *, num_channels: int | None = None, device: Any = None, xp: Any = None) -> State:
