@@ -246,6 +246,8 @@ class UniformQuantizationObserverBase(StatefulObserver):
     )
 
     _averaging_constant: float | None = None
+    #: the min/max moving averages (torch's formula; its states can hold ``min_val > max_val``)
+    _AVERAGING = False
 
     def _set_averaging_constant(self, averaging_constant: Any) -> None:
         c = check_averaging_constant(averaging_constant)
@@ -371,7 +373,8 @@ class UniformQuantizationObserverBase(StatefulObserver):
         owner = type(self).__name__
         check_keys(state_dict, ("eps", "min_val", "max_val"), owner)
         eps_val, lo32, hi32 = check_minmax_entries(
-            state_dict["eps"], state_dict["min_val"], state_dict["max_val"], per_channel=self._PER_CHANNEL, owner=owner
+            state_dict["eps"], state_dict["min_val"], state_dict["max_val"], per_channel=self._PER_CHANNEL, owner=owner,
+            disordered_ok=self._AVERAGING,
         )
         # Everything checked: commit.
         like = None if self._state is None else self._state.min_val
@@ -395,8 +398,6 @@ class _MinMaxFamily(UniformQuantizationObserverBase):
     """torch.ao's four min/max observers here: the checks of their arguments (``_setup``, what their public
     constructors forward to; every framework's base has one: the torch classes are these constructors
     bound to ``adapters.torch``'s base)."""
-
-    _AVERAGING = False  # the moving averages
 
     def _setup(self, *, dtype: Any, qscheme: QScheme | str, reduce_range: bool, quant_min: int | None,
                quant_max: int | None, factory_kwargs: Mapping[str, Any] | None, eps: float, is_dynamic: bool,

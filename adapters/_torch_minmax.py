@@ -330,7 +330,8 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
         keys = as_torch_entries(state_dict, prefix, ("eps", "min_val", "max_val"))
         if all(key in state_dict for key in keys):
             check_minmax_entries(
-                *(state_dict[key] for key in keys), per_channel=self.min_val.ndim == 1, owner=type(self).__name__
+                *(state_dict[key] for key in keys), per_channel=self.min_val.ndim == 1, owner=type(self).__name__,
+                disordered_ok=self._AVERAGING,
             )
 
     def _repr_suffix(self) -> str:

@@ -61,12 +61,14 @@ def check_keys(state_dict: Any, expected: tuple[str, ...], owner: str) -> None:
 
 
 def check_minmax_entries(
-    eps: Any, min_val: Any, max_val: Any, *, per_channel: bool, owner: str
+    eps: Any, min_val: Any, max_val: Any, *, per_channel: bool, owner: str, disordered_ok: bool = False
 ) -> tuple[float, np.ndarray, np.ndarray]:
     """The min/max observers' state-dict entries (arrays of any framework), checked and as
     ``(eps, min_val, max_val)`` (float, float32 numpy arrays): shapes ``(1,)`` for ``eps``, ``()`` per
     tensor or equal ``(C,)`` per channel (``C = 0``: never updated); real dtypes; ``eps`` a positive
-    float32 normal; each ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``).
+    float32 normal; each ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``), or
+    ``disordered_ok``: torch's moving average ``x + c (t - x)`` reaches ``min_val > max_val`` itself
+    (overflow, cancellation), so the moving-average observers load such states as they save them.
     Shared by every adapter's ``load_state_dict``, so all accept and refuse the same."""
     eps = check_entry(eps, "eps", (1,))
     shape = None if per_channel else ()
@@ -81,7 +83,7 @@ def check_minmax_entries(
     with np.errstate(invalid="ignore"):
         never = (lo32 == np.inf) & (hi32 == -np.inf)
         bad = (lo32 > hi32) & ~never
-    if np.any(bad):
+    if np.any(bad) and not disordered_ok:
         raise ValueError(
             f"state_dict has min_val > max_val at {np.argwhere(bad).ravel().tolist() or '()'}: "
             f"{lo32[bad].tolist()} > {hi32[bad].tolist()}"

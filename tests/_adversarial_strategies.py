@@ -245,7 +245,7 @@ class MovingAverageShadow(RunningMinMaxShadow):
                 self.lo, self.hi = lo, hi
                 return
             lo0, hi0 = _f32(self.lo), _f32(self.hi)
-            fresh = (lo0 - hi0) == np.inf
+            fresh = (lo0 == np.inf) & (hi0 == -np.inf)  # never updated (not min_val = +inf from an overflow)
             self.lo = np.where(fresh, lo, lo0 + np.float32(self.c * (lo - lo0)))
             self.hi = np.where(fresh, hi, hi0 + np.float32(self.c * (hi - hi0)))
 

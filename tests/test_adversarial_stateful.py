@@ -285,7 +285,8 @@ class ObserverMachine(RuleBasedStateMachine):
     def load_corrupted(self, how):
         """A corrupted state_dict is rejected (ValueError/TypeError; torch's own RuntimeError for
         missing/unexpected keys and shape mismatches) and leaves the state as it was."""
-        bad = _corrupt(state_of(self.obs["numpy"]), how)
+        good = state_of(self.obs["numpy"])
+        bad = _corrupt(good, how)
         if bad is None:
             return
         self.log.append(f"load_corrupted({how!r})")
@@ -293,6 +294,13 @@ class ObserverMachine(RuleBasedStateMachine):
         def allowed(b):
             return BAD_INPUT + (RuntimeError,) if b == "torch" and how in ("missing", "extra", "shape") else BAD_INPUT
 
+        if how == "min_gt_max" and self.SPEC.name.startswith("MovingAverage") and bad["min_val"].ndim == good["min_val"].ndim:
+            # the moving averages reach min_val > max_val themselves (torch's formula overflows or cancels)
+            # and load it on every backend (tests/test_state_dict_interop.py)
+            self._attempt(lambda b, o: o.load_state_dict(_native(b, bad)), lambda b: (), "a disordered state_dict")
+            if self.shadow is not None:
+                self.shadow.sync(bad)
+            return
         outcome = self._attempt(lambda b, o: o.load_state_dict(_native(b, bad)), allowed, f"corrupted ({how})")
         accepted = sorted(b for b, e in outcome.items() if e is None)
         assert not accepted, f"corrupted state_dict ({how}: {bad}) accepted by {accepted}"
@@ -374,6 +382,8 @@ class ObserverMachine(RuleBasedStateMachine):
     @staticmethod
     def _qparams_differ(a, b, *, ftz, narrow):
         if isinstance(a, Exception) or isinstance(b, Exception):
+            if type(a) is type(b) and str(a) == str(b):
+                return None  # the same refusal (a copy of torch's disordered moving average raises as it does)
             return f"calculate_qparams raised: {a!r} vs {b!r}"
         for x, y in zip(a, b):
             why = bits_differ(x, y, state=False, ftz=ftz, narrow=narrow)

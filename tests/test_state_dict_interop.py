@@ -4,7 +4,8 @@
 - A torch, NumPy or JAX observer's ``state_dict()`` loads into the same class of every other framework
   as it is (no conversion by hand), and the qparams then agree.
 - The torch adapter refuses what the NumPy/JAX adapters refuse (NaN, zero, negative or subnormal ``eps``,
-  ``min_val > max_val``, bool/complex entries, wrong shapes), with the same exception type, buffers untouched.
+  ``min_val > max_val`` but on the moving averages, bool/complex entries, wrong shapes), with the same
+  exception type, buffers untouched.
 - A subnormal ``eps`` is refused by every constructor (XLA would flush it to zero: scale 0 on JAX only).
 """
 
@@ -86,12 +87,14 @@ def _corruptions(per_channel: bool):
 @pytest.mark.parametrize("name", CLASSES)
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
 def test_corrupted_state_dicts_are_refused_alike(name, framework):
+    """(The moving averages load ``min_val > max_val``: they reach it themselves, see the next test.)"""
     per_channel = "PerChannel" in name
     rng = np.random.default_rng(1)
     obs = _observer(framework, name, [rng.standard_normal((6, 5)).astype(np.float32)])
     good = _entries(obs)
     kinds = {}
-    for description, key, bad in _corruptions(per_channel):
+    corruptions = [c for c in _corruptions(per_channel) if not (name.startswith("MovingAverage") and c[0] == "min > max")]
+    for description, key, bad in corruptions:
         state_dict = dict(good)
         state_dict[key] = bad if framework != "torch" or bad.dtype != np.complex64 else torch.from_numpy(bad)
         with pytest.raises((ValueError, TypeError)) as info:
@@ -99,8 +102,35 @@ def test_corrupted_state_dicts_are_refused_alike(name, framework):
         kinds[description] = type(info.value)
         for k, v in _entries(obs).items():  # untouched
             np.testing.assert_array_equal(v, good[k])
-    expected = {d: (TypeError if d in ("bool entry", "complex entry") else ValueError) for d, _, _ in _corruptions(per_channel)}
+    expected = {d: (TypeError if d in ("bool entry", "complex entry") else ValueError) for d, _, _ in corruptions}
     assert kinds == expected
+
+
+@pytest.mark.parametrize("name", ["MovingAverageMinMaxObserver", "MovingAveragePerChannelMinMaxObserver"])
+@pytest.mark.parametrize("source", list(FRAMEWORKS))
+def test_a_moving_average_that_overflowed_saves_and_loads_everywhere(name, source):
+    """torch's ``x + c (t - x)`` overflows float32 for finite ranges of opposite signs beyond 8.5e37 and leaves
+    ``min_val > max_val`` (here ``min_val = +inf`` and a finite ``max_val``; README, Differences from torch.ao).
+    Every framework's observer reaches that state, as torch.ao's does, and its ``state_dict`` loads into the
+    same class of every framework (found by the adversarial machine: the checks refused it as corrupted)."""
+    batches = [np.array([[-3.0e38, 1.0], [2.0, 3.0]], np.float32), np.full((2, 2), 3.0e38, np.float32)]
+    kwargs = dict(ch_axis=1) if "PerChannel" in name else {}
+    tao = getattr(torch.ao.quantization.observer, name)(averaging_constant=0.5, **kwargs)
+    for b in batches:
+        tao(torch.from_numpy(b))
+    module, asarray = FRAMEWORKS[source]
+    src = getattr(module, name)(averaging_constant=0.5, **kwargs)
+    for b in batches:
+        src(asarray(b))
+    saved = _entries(src)
+    for key in ("min_val", "max_val"):
+        np.testing.assert_array_equal(saved[key], tao.state_dict()[key].numpy())  # torch.ao's state, bit for bit
+    assert np.any(saved["min_val"] > saved["max_val"]) and np.any(saved["min_val"] == np.inf)
+    for target in FRAMEWORKS:
+        dst = _observer(target, name, [np.zeros((2, 2), np.float32)])
+        dst.load_state_dict(src.state_dict())
+        for key, value in saved.items():
+            np.testing.assert_array_equal(_entries(dst)[key], value)
 
 
 @pytest.mark.parametrize("framework", list(FRAMEWORKS))
