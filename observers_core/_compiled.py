@@ -228,20 +228,30 @@ def _claimed(work: Callable[[], Any], workers: int) -> list:
 
 _CHUNK = 4096  # counts_kernel bins this many values (vectorized), then counts them
 _TALLY_SPAN = 1 << 30  # values counted into int32 tallies before they are added into the int64 counts
+#: rows of a tally (:func:`_tally` is written for four): value ``j`` is counted in row ``j % 4``, so a run
+#: of one bin (the zeros of a ReLU output) makes four independent chains of increments instead of one
+_LANES = 4
 
 
 @kernel()
 def _tally(idx, n, tally, counts, done):  # pragma: no cover (compiled)
-    """``tally[idx[j]] += 1`` for ``j < n``, then, after every ``_TALLY_SPAN`` values and after the last
-    chunk, the int32 ``tally`` added into the int64 ``counts`` and cleared (no tally reaches 2**31 in a
-    span). ``done``: the values counted before this chunk, ``-1`` for the last chunk. Unsigned indices
-    (no wraparound checks) and int32 tallies count faster than int64 ones."""
-    for j in range(n):
-        tally[idx[j]] += 1
+    """``tally[j % 4, idx[j]] += 1`` for ``j < n``, then, after every ``_TALLY_SPAN`` values and after the
+    last chunk, the rows of the int32 ``(_LANES, L)`` ``tally`` added into the int64 ``counts`` and
+    cleared (no row reaches 2**31 in a span). ``done``: the values counted before this chunk, ``-1`` for the
+    last chunk. Unsigned indices (no wraparound checks), int32 tallies and four rows count fastest (a
+    ReLU output's run of zeros: 2.3 -> 1.3 ms for 1.6M values)."""
+    whole = n - n % 4
+    for j in range(0, whole, 4):
+        tally[0, idx[j]] += 1
+        tally[1, idx[j + 1]] += 1
+        tally[2, idx[j + 2]] += 1
+        tally[3, idx[j + 3]] += 1
+    for j in range(whole, n):
+        tally[0, idx[j]] += 1
     if done < 0 or (done + n) % _TALLY_SPAN == 0:
-        for b in range(tally.shape[0]):
-            counts[b] += tally[b]
-            tally[b] = 0
+        for b in range(tally.shape[1]):
+            counts[b] += np.int64(tally[0, b]) + np.int64(tally[1, b]) + np.int64(tally[2, b]) + np.int64(tally[3, b])
+            tally[0, b] = tally[1, b] = tally[2, b] = tally[3, b] = 0
 
 
 @kernel()
@@ -251,7 +261,7 @@ def counts_kernel(x, lo, hi, lo_half, half, num, den, bins, bounded):  # pragma:
     to drop its wraparound checks), then counted."""
     zero, nan_bin, out_bin = x.dtype.type(0), x.dtype.type(bins + 1), x.dtype.type(bins + 2)
     counts = np.zeros(bins + 3, dtype=np.int64)
-    tally = np.zeros(bins + 3, dtype=np.int32)
+    tally = np.zeros((_LANES, bins + 3), dtype=np.int32)
     idx = np.empty(_CHUNK, dtype=np.uint32)
     for start in range(0, x.shape[0], _CHUNK):
         chunk = x[start:start + _CHUNK]
@@ -487,7 +497,7 @@ def calib_counts_kernel(x, absolute, lo, width, bins):  # pragma: no cover (comp
     w = width if width > zero else one
     base = lo / w
     counts = np.zeros(bins + 1, dtype=np.int64)
-    tally = np.zeros(bins + 1, dtype=np.int32)
+    tally = np.zeros((_LANES, bins + 1), dtype=np.int32)
     idx = np.empty(_CHUNK, dtype=np.uint32)
     for start in range(0, x.shape[0], _CHUNK):
         chunk = x[start:start + _CHUNK]
