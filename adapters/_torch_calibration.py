@@ -43,14 +43,14 @@ import torch
 from observers_core import CalibHistogram
 from observers_core._dtypes import QScheme
 from observers_core._compiled import numpy_views
-from observers_core._minmax import MinMaxState
+from observers_core._minmax import MinMaxState, fold_merge, mean_of_replicas
 from observers_core._validate import INF, check_bool
 
 from observers_core.families import calibration as family
 
 from . import _array_calibration as _base
 from ._catalog import constructor_on
-from ._torch_distributed import fold_merge, mean_of_replicas, merge_keys
+from ._torch_distributed import merge_keys
 from ._torch_minmax import UniformQuantizationObserverBase, all_or_nothing, to_core_dtype, to_core_qscheme
 
 

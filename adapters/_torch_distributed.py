@@ -17,7 +17,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from observers_core import MinMaxState, minmax_merge, moving_average_merge
+from observers_core import MinMaxState, minmax_merge
+from observers_core._minmax import fold_merge
 from observers_core._validate import INF, check_bool
 
 __all__ = ["TorchCollective", "sync_observers"]
@@ -120,16 +121,6 @@ _CONFIG_ATTRS = ("dtype", "qscheme", "quant_min", "quant_max", "ch_axis", "avera
                  "upsample_rate", "ignore_nonfinite", "is_dynamic", "config", "spec")  # fmt: skip
 
 
-def fold_merge(merge: Any) -> Any:
-    """``merge`` applied left to right over a list of states (rank order)."""
-    def fold(states: list) -> Any:
-        out = states[0]
-        for s in states[1:]:
-            out = merge(out, s)
-        return out
-    return fold
-
-
 class SyncMixin:
     """What every statistical torch observer of ours shares for distributed calibration: the keyword-only
     ``sync`` / ``process_group`` arguments (:meth:`_init_sync`), the collective ``forward`` passes to the
@@ -200,17 +191,6 @@ class SyncMixin:
         super().__setstate__(state)
 
 
-def mean_of_replicas(states: list) -> Any:
-    """Moving-average states merged by a balanced tree of ``moving_average_merge`` (pairwise means): the
-    mean of the replicas when their number is a power of two (otherwise the tree's weighting). Replicas
-    that have seen nothing (every entry ``(+inf, -inf)``) are left out."""
-    states = [s for s in states if not bool(((s.min_val == INF) & (s.max_val == -INF)).all())] or states[:1]
-    while len(states) > 1:
-        states = [moving_average_merge(*states[i:i + 2]) if i + 1 < len(states) else states[i]
-                  for i in range(0, len(states), 2)]  # fmt: skip
-    return states[0]
-
-
 def merge_keys(states: list[dict], keys: tuple[str, ...], merge: Any, wrap: Any = MinMaxState) -> dict:
     """``merge`` (a function of a list of states) of the ranks that hold every key of ``keys``, each state
     built as ``wrap(*values)``; the result flattened back to ``{key: value}`` (``{}`` when no rank does)."""
@@ -259,8 +239,8 @@ def sync_observers(model: torch.nn.Module, process_group: Any = None) -> int:
 
     - MinMax / PerChannelMinMax / low-bit: ``minmax_merge`` (exact: the range of all shards);
     - MovingAverage(PerChannel)MinMax, Horizon's MinMax and the calibration observers' averaged range:
-      the mean of the replicas (:func:`mean_of_replicas`, a tree of ``moving_average_merge``; exact mean
-      for 1, 2, 4, 8... ranks that saw data);
+      the mean of the replicas (:func:`observers_core._minmax.mean_of_replicas`, a tree of
+      ``moving_average_merge``; exact mean for 1, 2, 4, 8... ranks that saw data);
     - HistogramObserver: the family ``merge`` folded in rank order (torch's re-binning; exact when the
       ranges agree, else within the bound of :mod:`observers_core.families.histogram`);
     - KLObserver's accumulated histogram and range: ``kl_merge`` (exact); ``num_steps`` stays per rank.

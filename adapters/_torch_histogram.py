@@ -47,6 +47,7 @@ import torch
 
 from observers_core._histogram import HistogramState, check_bins, check_upsample_rate, histogram
 from observers_core._l2_search import non_linear_param_search, quantization_error
+from observers_core._minmax import fold_merge
 from observers_core._dtypes import QScheme
 from observers_core._state_dict import check_entry
 from observers_core._validate import INF
@@ -54,7 +55,7 @@ from observers_core.families import histogram as family
 
 from . import _array_histogram
 from ._catalog import constructor_on
-from ._torch_distributed import fold_merge, merge_keys
+from ._torch_distributed import merge_keys
 from ._torch_minmax import (
     all_or_nothing,
     as_torch_entries,

@@ -24,6 +24,7 @@ from .. import (
     validate_qmin_qmax,
 )
 from .._dtypes import parse_dtype
+from .._minmax import mean_of_replicas
 from .._qparams import UNINITIALIZED_WARNING
 from .._state_dict import check_entry, check_minmax_entries, host_array
 from .._validate import INF, check_averaging_constant, check_bool, check_channel_count
@@ -31,7 +32,7 @@ from ..families import minmax as minmax_family
 from . import _array_observers as _base
 from ._array_observers import ObserveLoop
 from ._catalog import constructor_on
-from ._torch_distributed import SyncMixin, mean_of_replicas
+from ._torch_distributed import SyncMixin
 from ._torch_pt2e import link_torchao, pt2e_observer
 
 __all__ = [
