@@ -186,8 +186,9 @@ class HistogramObserver(UniformQuantizationObserverBase):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load ``eps``, ``histogram``, ``min_val``, ``max_val`` from numpy arrays, this framework's arrays
         or torch CPU tensors (a ``torch.ao`` HistogramObserver's ``state_dict()`` loads as is, including
-        the ``(0,)`` min/max of torch's version < 3). Everything is checked (:func:`~observers_core.families.histogram.check_loaded_state`,
-        ``eps`` positive and finite) before anything changes."""
+        the ``(0,)`` min/max of torch's version < 3). Everything is checked
+        (:func:`~observers_core.families.histogram.check_loaded_state`, ``eps`` positive and finite) before
+        anything changes."""
         owner = type(self).__name__
         check_keys(state_dict, STATE_KEYS, owner)
         eps = check_entry(state_dict["eps"], "eps", (1,))

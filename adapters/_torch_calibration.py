@@ -33,6 +33,8 @@ Example::
 
 from __future__ import annotations
 
+from functools import partial, reduce
+
 import warnings
 
 import array_api_compat.numpy as _xpn
@@ -43,7 +45,7 @@ import torch
 from observers_core import CalibHistogram
 from observers_core._dtypes import QScheme
 from observers_core._compiled import numpy_views
-from observers_core._minmax import MinMaxState, fold_merge, mean_of_replicas
+from observers_core._minmax import MinMaxState, mean_of_replicas
 from observers_core._validate import INF, check_bool
 
 from observers_core.families import calibration as family
@@ -207,7 +209,7 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
 
     def _merge_replicas(self, states):
         """sync_observers: the mean of the averaged ranges, and ``kl_merge`` of the accumulators (exact)."""
-        acc = merge_keys(states, _ACC_BUFFERS, fold_merge(lambda a, b: _run(family.kl_merge, a, b)),
+        acc = merge_keys(states, _ACC_BUFFERS, partial(reduce, lambda a, b: _run(family.kl_merge, a, b)),
                          wrap=lambda *v: family.KLAccumulator(CalibHistogram(*v[:5]), MinMaxState(*v[5:])))  # fmt: skip
         return {**super()._merge_replicas(states), **acc}
 

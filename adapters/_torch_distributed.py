@@ -11,6 +11,8 @@ merged in rank order with the family merges, so every rank computes the same res
 
 from __future__ import annotations
 
+from functools import partial, reduce
+
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,6 @@ import torch
 import torch.distributed as dist
 
 from observers_core import MinMaxState, minmax_merge
-from observers_core._minmax import fold_merge
 from observers_core._validate import INF, check_bool
 
 __all__ = ["TorchCollective", "sync_observers"]
@@ -164,7 +165,7 @@ class SyncMixin:
         return {name: self._buffers[name] for name in self._SYNC_BUFFERS if self._buffers[name].numel()}
 
     #: How the ranks' ``(min_val, max_val)`` merge: a function of the list of states in rank order.
-    _REPLICA_MERGE = staticmethod(fold_merge(minmax_merge))
+    _REPLICA_MERGE = staticmethod(partial(reduce, minmax_merge))  # left to right, in rank order
 
     def _merge_replicas(self, states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """The ranks' states (rank order; a rank that saw nothing lacks the keys) merged into one:

@@ -39,6 +39,8 @@ Differences from torch (see also :mod:`observers_core.adapters.torch`):
 
 from __future__ import annotations
 
+from functools import partial, reduce
+
 import math
 import warnings
 
@@ -47,7 +49,6 @@ import torch
 
 from observers_core._histogram import HistogramState, check_bins, check_upsample_rate, histogram
 from observers_core._l2_search import non_linear_param_search, quantization_error
-from observers_core._minmax import fold_merge
 from observers_core._dtypes import QScheme
 from observers_core._state_dict import check_entry
 from observers_core._validate import INF
@@ -144,7 +145,7 @@ class _HistogramObserver(UniformQuantizationObserverBase):
         """sync_observers: the family ``merge`` folded in rank order (torch's re-binning onto the union
         range; exact when the ranges agree, else within the bound of :mod:`observers_core.families.histogram`)."""
         config = self._config()
-        return merge_keys(states, self._SYNC_BUFFERS, fold_merge(lambda a, b: family.merge(config, a, b)),
+        return merge_keys(states, self._SYNC_BUFFERS, partial(reduce, lambda a, b: family.merge(config, a, b)),
                           wrap=lambda *v: HistogramState(*(t.float() for t in v)))  # fmt: skip
 
     def _write_state(self, state: HistogramState) -> None:

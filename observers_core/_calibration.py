@@ -55,6 +55,7 @@ from ._namespace import (
     midpoint,
     read_flags,
     normalize_axis,
+    on_host,
     size,
     take,
 )
@@ -219,9 +220,10 @@ def _take_each(table: Array, index: Array, xp: Any) -> Array:
 
 
 def _chunk_elements(x: Array, xp: Any) -> int:
-    """The chunk bound for ``x``: ``_DEVICE_CHUNK_ELEMENTS`` on torch CUDA and CuPy, else ``_CHUNK_ELEMENTS``."""
-    on_gpu = is_cupy_namespace(xp) or (is_torch_namespace(xp) and x.device.type != "cpu")
-    return _DEVICE_CHUNK_ELEMENTS if on_gpu else _CHUNK_ELEMENTS
+    """The chunk bound for ``x``: ``_DEVICE_CHUNK_ELEMENTS`` on an eager GPU (torch CUDA, CuPy), else
+    ``_CHUNK_ELEMENTS`` (host memory, JAX, array_api_strict)."""
+    eager_gpu = (is_torch_namespace(xp) or is_cupy_namespace(xp)) and not on_host(x, xp)
+    return _DEVICE_CHUNK_ELEMENTS if eager_gpu else _CHUNK_ELEMENTS
 
 
 def _by_channel_chunks(fn: Any, per_channel: int, xp: Any, *arrays: Array) -> Array:

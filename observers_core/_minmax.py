@@ -39,7 +39,6 @@ __all__ = [
     "minmax_merge",
     "minmax_qparams",
     "minmax_update",
-    "fold_merge",
     "mean_of_replicas",
     "moving_average_init",
     "moving_average_merge",
@@ -288,20 +287,12 @@ def moving_average_merge(a: MinMaxState, b: MinMaxState, /, *, xp: Any = None) -
     return MinMaxState(mean(a.min_val, b.min_val), mean(a.max_val, b.max_val))
 
 
-def fold_merge(merge: Any) -> Any:
-    """``merge`` applied left to right over a list of states (rank order)."""
-    def fold(states: list) -> Any:
-        out = states[0]
-        for s in states[1:]:
-            out = merge(out, s)
-        return out
-    return fold
-
-
 def mean_of_replicas(states: list) -> Any:
     """Moving-average states merged by a balanced tree of ``moving_average_merge`` (pairwise means): the
     mean of the replicas when their number is a power of two (otherwise the tree's weighting). Replicas
-    that have seen nothing (every entry ``(+inf, -inf)``) are left out."""
+    that have seen nothing (every entry ``(+inf, -inf)``) are left out: the tree's shape depends on how many
+    saw data, so each replica is read on the host once (eager arrays only; a merge after calibration, not a
+    step of an update)."""
     states = [s for s in states if not bool(((s.min_val == INF) & (s.max_val == -INF)).all())] or states[:1]
     while len(states) > 1:
         states = [moving_average_merge(*states[i:i + 2]) if i + 1 < len(states) else states[i]

@@ -37,7 +37,8 @@ def host_array(value: Any, name: str) -> np.ndarray:
 
 
 def check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.ndarray:
-    """``value`` as a float64 numpy array after checking dtype and (if given) shape."""
+    """``value`` as a numpy array of its own real dtype (ml_dtypes floats as float32), after checking the
+    dtype and (if given) the shape."""
     arr = host_array(value, name)
     if arr.dtype.name in EXTENSION_FLOATS:
         arr = arr.astype(np.float32)
