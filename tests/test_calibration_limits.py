@@ -174,6 +174,28 @@ def test_averaged_range_never_overflows_to_an_infinity(framework):
 
 
 @pytest.mark.parametrize("framework", ["numpy", "torch", "jax"])
+def test_the_convex_average_rounds_each_product_on_every_framework(framework):
+    """The convex ``x_min (1 - c) + lo c`` rounds both products, then the sum (float32), on every framework:
+    XLA would fuse one product into the addition (one rounding fewer: 1 ulp apart on these values, found
+    by the adversarial machine as a MixObserver whose JAX min_val was numpy's + 1 ulp; JAX jit-compiled)."""
+    from observers_core import MinMaxState
+    from observers_core.families.calibration import average_range
+
+    xp, arr = _namespace_and_maker(framework)
+    f32, c = np.float32, 0.01
+    old = np.array([-1.769655e38, -2.7312808e38, -3.1575872e38, -2.9404143e38], dtype=f32)
+    lo = np.array([1.728097e38, 2.9401442e38, 1.7570956e38, 1.9986146e38], dtype=f32)  # lo - old overflows
+    step = lambda state, low, high: average_range(state, low, high, c, xp)  # noqa: E731
+    if framework == "jax":
+        step = jax.jit(step)  # (as the JAX observers run it: compiled, where XLA fuses)
+    got = step(MinMaxState(arr(old), arr(-old)), arr(lo), arr(lo))
+    two_roundings = (old * f32(1 - c)) + (lo * f32(c))
+    fused = (old.astype(np.float64) * f32(1 - c) + (lo * f32(c))).astype(f32)
+    assert np.any(two_roundings != fused)  # the case tells the two apart
+    np.testing.assert_array_equal(np.asarray(got.min_val), two_roundings)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax"])
 def test_averaged_range_stays_ordered_where_the_formula_cancels(framework):
     """``x + c * (t - x)`` cancels when ``x`` dwarfs ``t``: with ``c = 1`` a channel holding (-1, 1e30) that
     sees the single value 0.125 gets ``max_val = 1e30 + (0.125 - 1e30) = 0`` below ``min_val = 0.125``

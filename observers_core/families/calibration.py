@@ -49,7 +49,7 @@ from .._minmax import (
     moving_average_update,
 )
 from .._namespace import (
-    array_namespace, channel_rows, device_of, explicit_replicated, is_finite, is_numpy_namespace, size,
+    array_namespace, channel_rows, device_of, explicit_replicated, is_finite, is_numpy_namespace, rounded, size,
 )
 from .._qparams import calculate_qparams
 from .._quantize import fake_quantize
@@ -239,7 +239,7 @@ def average_range(state: MinMaxState, lo: Array, hi: Array, averaging_constant: 
     c = float(averaging_constant)
     convex, averaged = [], []
     for old, target, value in ((state.min_val, lo, new.min_val), (state.max_val, hi, new.max_val)):
-        convex.append(old * (1.0 - c) + target * c)
+        convex.append(rounded(old * (1.0 - c), xp) + rounded(target * c, xp))  # (no fused multiply-add)
         overflow = is_finite(old, xp) & is_finite(target, xp) & ~is_finite(value, xp)
         averaged.append(xp.where(overflow, convex[-1], value))
     disordered = (averaged[0] > averaged[1]) & (lo <= hi)
