@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from observers_core._dtypes import FLOAT32_EPS, QScheme
-from observers_core._histogram import HistogramState, check_bins, check_upsample_rate
+from observers_core._histogram import HistogramState
 from observers_core.families import histogram as family
 from observers_core._namespace import device_of
 from observers_core._qparams import QParams
@@ -94,10 +94,8 @@ class HistogramObserver(UniformQuantizationObserverBase):
         class is this constructor bound to ``adapters.torch``'s base)."""
         owner = type(self).__name__
         refuse_unknown(owner, unknown)
-        self._bins = check_bins(bins)
-        self._upsample_rate = check_upsample_rate(upsample_rate)
-        if is_dynamic:
-            raise ValueError(f"is_dynamic=True is not supported by {owner} (no dynamic quantization)")
+        self._bins, self._upsample_rate = family.check_observer_args(
+            owner, QScheme.parse(qscheme), bins=bins, upsample_rate=upsample_rate, is_dynamic=is_dynamic)
         super().__init__(
             dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
             ignore_nonfinite=ignore_nonfinite, xp=xp,

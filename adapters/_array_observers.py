@@ -27,8 +27,8 @@ from observers_core._dtypes import FLOAT32_EPS, QScheme, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import check_real, device_of, index_dtype, normalize_axis, size
 from observers_core._qparams import UNINITIALIZED_WARNING, QParams
-from observers_core._state_dict import check_entry, check_keys, check_minmax_entries
-from observers_core._validate import check_averaging_constant, check_bool, check_channel_count
+from observers_core._state_dict import check_fixed_qparams, check_keys, check_minmax_entries
+from observers_core._validate import check_bool, check_channel_count
 from observers_core.families import minmax as family
 
 from ._backend import Backend
@@ -227,11 +227,6 @@ class UniformQuantizationObserverBase(StatefulObserver):
                 )
             device = factory_kwargs.get("device")
         spec = quant_spec(dtype, qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max, eps=eps)
-        if spec.qscheme.is_per_channel != self._PER_CHANNEL:
-            family = "per_channel_*" if self._PER_CHANNEL else "per_tensor_affine or per_tensor_symmetric"
-            raise ValueError(f"qscheme={spec.qscheme.value!r} is not supported by {type(self).__name__}; allowed: {family}")
-        if spec.qscheme.is_symmetric and reduce_range and spec.dtype == "quint8":
-            raise ValueError("reduce_range=True is not supported for symmetric quantization with dtype='quint8'")
         super().__init__(spec, is_dynamic, ignore_nonfinite=ignore_nonfinite, xp=xp, device=device)
         self.reduce_range = bool(reduce_range)
 
@@ -248,10 +243,6 @@ class UniformQuantizationObserverBase(StatefulObserver):
     _averaging_constant: float | None = None
     #: the min/max moving averages (torch's formula; its states can hold ``min_val > max_val``)
     _AVERAGING = False
-
-    def _set_averaging_constant(self, averaging_constant: Any) -> None:
-        c = check_averaging_constant(averaging_constant)
-        self._averaging_constant = c
 
     # -- state ---------------------------------------------------------------------------------------
     def init_state(self, num_channels: int | None = None) -> MinMaxState:
@@ -405,19 +396,15 @@ class _MinMaxFamily(UniformQuantizationObserverBase):
                **unknown: Any) -> None:
         owner = type(self).__name__
         refuse_unknown(owner, unknown)
-        if self._AVERAGING:
-            self._set_averaging_constant(averaging_constant)
-            if is_dynamic and not self._PER_CHANNEL and self._averaging_constant != 1:
-                raise ValueError(f"is_dynamic=True needs averaging_constant=1 in {owner}, got {averaging_constant!r}")
-        if self._PER_CHANNEL:
-            if isinstance(ch_axis, bool) or not isinstance(ch_axis, (int, np.integer)):
-                raise TypeError(f"ch_axis must be an int, got {type(ch_axis).__name__} {ch_axis!r}")
-            if is_dynamic:
-                raise ValueError(f"is_dynamic=True is not supported by {owner}")
+        self._averaging_constant = family.check_observer_args(
+            owner, QScheme.parse(qscheme), per_channel=self._PER_CHANNEL, is_dynamic=is_dynamic,
+            averaging=self._AVERAGING, averaging_constant=averaging_constant, ch_axis=ch_axis,
+        )
         super().__init__(
             dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
             ignore_nonfinite=ignore_nonfinite, xp=xp,
         )
+        family.check_reduce_range(self._spec, reduce_range, owner)
         if self._PER_CHANNEL:
             self.ch_axis = int(ch_axis)
 
@@ -557,19 +544,8 @@ class FixedQParamsObserver(ObserverBase):
         super().__init__(spec.dtype, is_dynamic, xp=xp, device=device)
         self.qscheme = spec.qscheme
         self.quant_min, self.quant_max = spec.quant_min, spec.quant_max
-        scale_arr, zp_arr = self._check_qparams(scale, zero_point, "scale", "zero_point")
+        scale_arr, zp_arr = check_fixed_qparams(scale, zero_point, self.quant_min, self.quant_max)
         self._scale, self._zero_point = self._to_arrays(scale_arr, zp_arr, None)
-
-    def _check_qparams(self, scale: Any, zero_point: Any, s_name: str, z_name: str) -> tuple[np.ndarray, np.ndarray]:
-        s = np.asarray(scale, dtype=np.float64).reshape(-1) if not isinstance(scale, bool) else None
-        if s is None or s.shape != (1,) or not (np.isfinite(s[0]) and s[0] > 0):
-            raise ValueError(f"{s_name}={scale!r} must be one positive finite number")
-        z = np.asarray(zero_point).reshape(-1)
-        if z.shape != (1,) or z.dtype.kind not in "iuf" or z[0] != np.floor(z[0]):
-            raise ValueError(f"{z_name}={zero_point!r} must be one integer")
-        if not self.quant_min <= z[0] <= self.quant_max:
-            raise ValueError(f"{z_name}={int(z[0])} must lie in [quant_min={self.quant_min}, quant_max={self.quant_max}]")
-        return s.astype(np.float32), z.astype(np.int32)
 
     def _to_arrays(self, s: np.ndarray, z: np.ndarray, like: Array | None) -> tuple[Array, Array]:
         return self._place(s, self._xp.float32, like), self._place(z, self._xp.int32, like)
@@ -583,9 +559,8 @@ class FixedQParamsObserver(ObserverBase):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load ``scale`` (one positive float) and ``zero_point`` (one integer in the range)."""
         check_keys(state_dict, ("scale", "zero_point"), "FixedQParamsObserver")
-        s = check_entry(state_dict["scale"], "scale", (1,))
-        z = check_entry(state_dict["zero_point"], "zero_point", (1,))
-        s, z = self._check_qparams(s, z, "state_dict['scale']", "state_dict['zero_point']")
+        s, z = check_fixed_qparams(state_dict["scale"], state_dict["zero_point"], self.quant_min, self.quant_max,
+                                   loaded=True)
         self._scale, self._zero_point = self._to_arrays(s, z, self._scale)
 
     def extra_repr(self) -> str:

@@ -47,7 +47,7 @@ import warnings
 import array_api_compat.torch as _NS
 import torch
 
-from observers_core._histogram import HistogramState, check_bins, check_upsample_rate, histogram
+from observers_core._histogram import HistogramState, histogram
 from observers_core._l2_search import non_linear_param_search, quantization_error
 from observers_core._dtypes import QScheme
 from observers_core._state_dict import check_entry
@@ -78,11 +78,6 @@ _NAN_WARNING = (
 )
 
 
-class UnsupportedConfigError(ValueError, NotImplementedError):
-    """A configuration torch's HistogramObserver rejects with ``NotImplementedError``: a ``ValueError``
-    here (naming the argument), still caught by ``except NotImplementedError``."""
-
-
 class _HistogramObserver(UniformQuantizationObserverBase):
     r"""The torch base of ``HistogramObserver`` (its public constructor is the generic class's, bound by
     ``_catalog.constructor_on``; ``_setup`` checks the arguments as torch does): a running histogram of
@@ -103,16 +98,8 @@ class _HistogramObserver(UniformQuantizationObserverBase):
 
     def _setup(self, *, bins, dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
                upsample_rate, ignore_nonfinite, **kwargs) -> None:
-        bins = check_bins(bins)
-        upsample_rate = check_upsample_rate(upsample_rate)
-        if not to_core_qscheme(qscheme).is_per_tensor:
-            raise UnsupportedConfigError(
-                f"qscheme={qscheme} is not supported by HistogramObserver; allowed: torch.per_tensor_affine, "
-                "torch.per_tensor_symmetric"
-            )
-        if is_dynamic:
-            raise UnsupportedConfigError("is_dynamic=True is not supported: HistogramObserver doesn't support "
-                                         "dynamic quantization")  # fmt: skip
+        bins, upsample_rate = family.check_observer_args(
+            "HistogramObserver", to_core_qscheme(qscheme), bins=bins, upsample_rate=upsample_rate, is_dynamic=is_dynamic)
         dst_nbins = family.check_dtype(to_core_dtype(dtype), "HistogramObserver")
         super().__init__(
             dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max,

@@ -10,7 +10,6 @@ from collections import OrderedDict
 from typing import Any
 
 import array_api_compat.torch as _compat_torch
-import numpy as np
 import torch
 from torch.ao.quantization import observer as _torch_observer
 
@@ -26,8 +25,8 @@ from .. import (
 from .._dtypes import parse_dtype
 from .._minmax import mean_of_replicas
 from .._qparams import UNINITIALIZED_WARNING
-from .._state_dict import check_entry, check_minmax_entries, host_array
-from .._validate import INF, check_averaging_constant, check_bool, check_channel_count
+from .._state_dict import check_fixed_qparams, check_minmax_entries, host_array
+from .._validate import INF, check_bool, check_channel_count
 from ..families import minmax as minmax_family
 from . import _array_observers as _base
 from ._array_observers import ObserveLoop
@@ -402,30 +401,11 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
 _ObserverBase = UniformQuantizationObserverBase
 
 
-def _check_qscheme(qscheme, owner: str, *, per_channel: bool) -> None:
-    """torch's ``NotImplementedError`` for a ``qscheme`` of the other granularity than ``owner``'s."""
-    scheme = to_core_qscheme(qscheme)
-    if per_channel and not scheme.is_per_channel:
-        raise NotImplementedError(
-            f"{owner}'s qscheme only supports torch.per_channel_symmetric, "
-            f"torch.per_channel_affine and torch.per_channel_affine_float_qparams, got {qscheme}"
-        )
-    if not per_channel and not scheme.is_per_tensor:
-        raise NotImplementedError(
-            f"{owner}'s qscheme only supports torch.per_tensor_symmetric and torch.per_tensor_affine, got {qscheme}"
-        )
-
-
-def _check_symmetric_reduce_range(observer: UniformQuantizationObserverBase) -> None:
-    if observer.qscheme in (torch.per_tensor_symmetric, torch.per_channel_symmetric) and observer.reduce_range \
-            and observer.dtype == torch.quint8:
-        raise NotImplementedError("Cannot reduce range for symmetric quantization for quint8")
-
-
 class _MinMaxFamily(UniformQuantizationObserverBase):
     r"""The torch base of torch.ao's four min/max observers, whose public constructors are the generic
-    classes' (``_catalog.constructor_on``): ``_setup`` checks their arguments as torch does, in torch's
-    order and with its exception types, and registers the buffers ``min_val``/``max_val`` (0-d per
+    classes' (``_catalog.constructor_on``): ``_setup`` checks their arguments with the family's rules
+    (:func:`observers_core.families.minmax.check_observer_args`, in torch's order, every framework's), and
+    registers the buffers ``min_val``/``max_val`` (0-d per
     tensor; per channel empty until the first batch fixes the number of channels). Per channel with
     ``per_channel_affine_float_qparams``: ``s = (x_max - x_min) / (Q_max - Q_min)`` (1 where ``s <= eps``),
     ``z = -x_min / s``. ``ignore_nonfinite=True`` skips NaN/Inf (default ``False`` keeps torch's behaviour,
@@ -437,29 +417,22 @@ class _MinMaxFamily(UniformQuantizationObserverBase):
     def _setup(self, *, dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
                ignore_nonfinite, averaging_constant=None, ch_axis=None, **kwargs) -> None:
         owner, per_channel = type(self).__name__, self._PER_CHANNEL
-        _check_qscheme(qscheme, owner, per_channel=per_channel)
-        if is_dynamic and per_channel:
-            raise NotImplementedError(f"{owner} doesn't support dynamic quantization")
-        if self._AVERAGING:
-            if is_dynamic and check_averaging_constant(averaging_constant) != 1:
-                raise NotImplementedError(
-                    f"{owner} doesn't support dynamic quantization for averaging constant of {averaging_constant}"
-                )
-            check_averaging_constant(averaging_constant)
-        if per_channel and (isinstance(ch_axis, bool) or not isinstance(ch_axis, (int, np.integer))):
-            raise TypeError(f"ch_axis must be an int, got {type(ch_axis).__name__} {ch_axis!r}")
+        constant = minmax_family.check_observer_args(
+            owner, to_core_qscheme(qscheme), per_channel=per_channel, is_dynamic=is_dynamic, averaging=self._AVERAGING,
+            averaging_constant=averaging_constant, ch_axis=ch_axis,
+        )
         super().__init__(
             dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max,
             factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **kwargs,
         )
+        minmax_family.check_reduce_range(self._quant_spec(), reduce_range, owner)
         factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
         if per_channel:
             self.ch_axis = int(ch_axis)
         self.register_buffer("min_val", torch.tensor([] if per_channel else INF, **factory_kwargs))
         self.register_buffer("max_val", torch.tensor([] if per_channel else -INF, **factory_kwargs))
-        _check_symmetric_reduce_range(self)
         if self._AVERAGING:
-            self.averaging_constant = averaging_constant
+            self.averaging_constant = constant
 
 
 class _MinMaxObserver(_MinMaxFamily):
@@ -587,19 +560,10 @@ class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
         if not scheme.is_per_tensor:
             raise ValueError(f"qscheme={qscheme} must be per tensor for a FixedQParamsObserver")
         validate_qmin_qmax(quant_min, quant_max)
-        try:
-            scale_value = float(scale)
-        except (TypeError, ValueError):
-            raise TypeError(f"scale must be a float, got {type(scale).__name__} {scale!r}") from None
-        if not (scale_value > 0 and scale_value != INF):
-            raise ValueError(f"scale={scale!r} must be a positive finite float")
-        if isinstance(zero_point, bool) or not isinstance(zero_point, (int, np.integer)):
-            raise TypeError(f"zero_point must be an int, got {type(zero_point).__name__} {zero_point!r}")
-        if not quant_min <= zero_point <= quant_max:
-            raise ValueError(f"zero_point={zero_point} must lie in [quant_min={quant_min}, quant_max={quant_max}]")
+        scale, zero_point = check_fixed_qparams(scale, zero_point, quant_min, quant_max)
         super().__init__(
-            scale,
-            zero_point,
+            float(scale[0]),
+            int(zero_point[0]),
             dtype=dtype,
             qscheme=_TORCH_QSCHEMES[scheme],
             quant_min=quant_min,
@@ -612,22 +576,13 @@ class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
-        """``scale`` (one positive finite float) and ``zero_point`` (one integer in the range), from any
-        framework's arrays; checked before anything changes."""
+        """``scale`` and ``zero_point`` from any framework's arrays, checked before anything changes
+        (:func:`observers_core._state_dict.check_fixed_qparams`; an entry that is missing is checked as
+        the buffer it leaves in place)."""
         scale_key, zp_key = as_torch_entries(state_dict, prefix, ("scale", "zero_point"))
-        if scale_key in state_dict:
-            scale = check_entry(state_dict[scale_key], "scale", (1,)).astype(np.float64)
-            if not (np.isfinite(scale[0]) and scale[0] > 0):
-                raise ValueError(f"state_dict['scale']={scale.tolist()} must be one positive finite float")
-        if zp_key in state_dict:
-            zero_point = check_entry(state_dict[zp_key], "zero_point", (1,))
-            if zero_point.dtype.kind not in "iu" and not np.all(zero_point == np.floor(zero_point)):
-                raise ValueError(f"state_dict['zero_point']={zero_point.tolist()} must be one integer")
-            if not self.quant_min <= zero_point[0] <= self.quant_max:
-                raise ValueError(
-                    f"state_dict['zero_point']={zero_point.tolist()} must lie in [quant_min={self.quant_min}, "
-                    f"quant_max={self.quant_max}]"
-                )
+        if scale_key in state_dict or zp_key in state_dict:
+            check_fixed_qparams(state_dict.get(scale_key, self.scale), state_dict.get(zp_key, self.zero_point),
+                                self.quant_min, self.quant_max, loaded=True)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )

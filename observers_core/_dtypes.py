@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import check_eps
+from ._validate import UnsupportedConfigError, check_eps
 
 __all__ = [
     "DTYPE_ALIASES",
@@ -21,6 +21,7 @@ __all__ = [
     "QScheme",
     "QuantSpec",
     "calculate_qmin_qmax",
+    "check_granularity",
     "quant_spec",
     "validate_qmin_qmax",
 ]
@@ -92,6 +93,15 @@ class QScheme(enum.Enum):
                     return member
         allowed = ", ".join(m.value for m in cls)
         raise ValueError(f"{name}={qscheme!r} is not a known quantization scheme; allowed: {allowed}")
+
+
+def check_granularity(qscheme: QScheme, owner: str, *, per_channel: bool) -> None:
+    """:class:`~observers_core._validate.UnsupportedConfigError` unless ``qscheme`` is per channel exactly
+    when the observer class ``owner`` is."""
+    if qscheme.is_per_channel != per_channel:
+        allowed = [m.value for m in QScheme if m.is_per_channel == per_channel]
+        raise UnsupportedConfigError(
+            f"qscheme={qscheme.value!r} is not supported by {owner}; allowed: {', '.join(allowed)}")
 
 
 def parse_dtype(dtype: str, *, name: str = "dtype") -> str:

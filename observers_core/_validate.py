@@ -16,10 +16,16 @@ import numpy as np
 
 __all__ = [
     "INF", "FLOAT32_TINY", "check_bool", "check_int", "check_float", "check_choice", "check_eps",
-    "check_averaging_constant", "check_channel_count",
+    "check_averaging_constant", "check_channel_count", "UnsupportedConfigError",
 ]
 
 INF = float("inf")
+
+
+class UnsupportedConfigError(ValueError, NotImplementedError):
+    """A configuration an observer class does not support (a per-channel qscheme for a per-tensor class,
+    dynamic quantization...): a ``ValueError`` naming the argument that is also the ``NotImplementedError``
+    torch.ao raises for it, so ``except NotImplementedError`` written for torch.ao still catches it."""
 #: float32's smallest normal number: below it XLA flushes to zero, so an ``eps`` there is refused.
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 

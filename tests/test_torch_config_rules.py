@@ -14,6 +14,7 @@ import itertools
 import math
 import warnings
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -56,10 +57,10 @@ FIXED_DELIBERATE = {
         lambda kw: kw["dtype"] in (torch.float16, torch.float32, torch.quint2x4),
     "quant_min < quant_max with 0 in the range":
         lambda kw: not (kw["quant_min"] < kw["quant_max"] and kw["quant_min"] <= 0 <= kw["quant_max"]),
-    "scale must be a positive finite float": lambda kw: not (isinstance(kw["scale"], (int, float))
-                                                             and 0 < kw["scale"] < math.inf),
-    "zero_point must be an int in [quant_min, quant_max]":
-        lambda kw: isinstance(kw["zero_point"], bool) or not isinstance(kw["zero_point"], int)
+    "scale must be a number, not a bool, positive and finite in float32 (torch stores inf, 0 or NaN)":
+        lambda kw: isinstance(kw["scale"], bool) or not 0 < np.float32(kw["scale"]) < math.inf,
+    "zero_point must be an integer, not a bool, in [quant_min, quant_max] (torch truncates 1.5 to 1)":
+        lambda kw: isinstance(kw["zero_point"], bool) or kw["zero_point"] != int(kw["zero_point"])
         or not kw["quant_min"] <= kw["zero_point"] <= kw["quant_max"],
 }  # fmt: skip
 
@@ -87,8 +88,9 @@ def _minmax_configs(name):
 
 def _fixed_configs():
     ranges = [(0, 255), (-128, 127), (0, 127), (5, 3), (0, 0)]
-    for d, q, (lo, hi), s, z in itertools.product(DTYPES, QSCHEMES, ranges, [1 / 128, 2.0, 1, 0.0, -1.0, math.inf],
-                                                  [0, 64, 128, -1, 300, 1.5, True]):
+    scales = [1 / 128, 2.0, 1, np.float32(0.25), 0.0, -1.0, math.inf, 1e300, 1e-50, True]
+    for d, q, (lo, hi), s, z in itertools.product(DTYPES, QSCHEMES, ranges, scales,
+                                                  [0, 64, 128, 2.0, np.int64(5), -1, 300, 1.5, True]):
         yield {"scale": s, "zero_point": z, "dtype": d, "qscheme": q, "quant_min": lo, "quant_max": hi}
 
 

@@ -88,8 +88,10 @@ def _build(module, cls_name, kwargs):
 
 
 def _same_failure_kind(torch_exc: BaseException, our_exc: BaseException) -> bool:
+    """Where torch raises ``NotImplementedError`` ours is one too (``UnsupportedConfigError``, which is also
+    a ``ValueError``); elsewhere ours is a ``ValueError``/``TypeError`` and not a ``NotImplementedError``."""
     if isinstance(torch_exc, NotImplementedError):
-        return type(our_exc) is NotImplementedError
+        return isinstance(our_exc, NotImplementedError)
     return isinstance(our_exc, (ValueError, TypeError)) and not isinstance(our_exc, NotImplementedError)
 
 

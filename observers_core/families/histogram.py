@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import QuantSpec
+from .._dtypes import QScheme, QuantSpec, check_granularity
 from .._histogram import (
     DST_BITS,
     HistogramState,
@@ -37,11 +37,11 @@ from .._histogram import (
 )
 from .._l2_search import histogram_qparams
 from .._qparams import QParams
-from .._validate import check_bool
+from .._validate import UnsupportedConfigError, check_bool
 
 __all__ = [
-    "STATE_KEYS", "Config", "State", "check_dtype", "check_loaded_state", "init", "merge", "qparams", "update",
-    "update_counting",
+    "STATE_KEYS", "Config", "State", "check_dtype", "check_loaded_state", "check_observer_args", "init", "merge",
+    "qparams", "update", "update_counting",
 ]
 
 State = HistogramState
@@ -70,6 +70,19 @@ class Config:
                              "per_tensor_affine, per_tensor_symmetric")  # fmt: skip
         if self.spec.dtype not in DST_BITS:
             raise ValueError(f"spec.dtype={self.spec.dtype} is not supported; allowed: {', '.join(DST_BITS)}")
+
+
+def check_observer_args(owner: str, qscheme: QScheme, *, bins: Any, upsample_rate: Any, is_dynamic: Any
+                        ) -> tuple[int, int]:
+    """``HistogramObserver``'s arguments that :func:`~observers_core.quant_spec` does not hold, in torch's
+    order (every framework's class checks these): ``bins``, ``upsample_rate``, a per-tensor ``qscheme``, no
+    dynamic quantization (the last two ``UnsupportedConfigError``: torch raises ``NotImplementedError``).
+    Returns ``(bins, upsample_rate)``; the dtype is checked with the spec (:func:`check_dtype`)."""
+    bins, upsample_rate = check_bins(bins), check_upsample_rate(upsample_rate)
+    check_granularity(qscheme, owner, per_channel=False)
+    if is_dynamic:
+        raise UnsupportedConfigError(f"is_dynamic=True is not supported by {owner} (no dynamic quantization)")
+    return bins, upsample_rate
 
 
 def check_dtype(dtype: str, owner: str) -> int:

@@ -19,7 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._dtypes import QuantSpec
+import numpy as np
+
+from .._dtypes import QScheme, QuantSpec, check_granularity
 from .._minmax import (
     MinMaxState,
     minmax_init,
@@ -30,9 +32,10 @@ from .._minmax import (
     moving_average_update,
 )
 from .._qparams import QParams
-from .._validate import check_averaging_constant, check_bool, check_int
+from .._validate import UnsupportedConfigError, check_averaging_constant, check_bool, check_int
 
-__all__ = ["STATE_KEYS", "Config", "State", "init", "merge", "qparams", "step", "update"]
+__all__ = ["STATE_KEYS", "Config", "State", "check_observer_args", "check_reduce_range", "init", "merge", "qparams",
+           "step", "update"]
 
 State = MinMaxState
 #: torch's state_dict keys of the state.
@@ -63,6 +66,32 @@ class Config:
                 "qschemes need a channel axis, per-tensor ones ch_axis=None"
             )
         object.__setattr__(self, "ignore_nonfinite", check_bool(self.ignore_nonfinite, "ignore_nonfinite"))
+
+
+def check_observer_args(owner: str, qscheme: QScheme, *, per_channel: bool, is_dynamic: Any, averaging: bool,
+                        averaging_constant: Any = None, ch_axis: Any = None) -> float | None:
+    """torch.ao's min/max observer classes' rules that :func:`~observers_core.quant_spec` does not hold, in
+    torch's order (every framework's classes check these): the qscheme's granularity is the class's; a
+    per-channel observer is not dynamic; a moving average's ``averaging_constant`` is in ``[0, 1]``, and 1
+    when dynamic; ``ch_axis`` is an int. Returns the averaging constant (``None`` for a running range).
+    ``UnsupportedConfigError`` (torch raises ``NotImplementedError`` there), ``TypeError``, ``ValueError``."""
+    check_granularity(qscheme, owner, per_channel=per_channel)
+    if is_dynamic and per_channel:
+        raise UnsupportedConfigError(f"is_dynamic=True is not supported by {owner}")
+    constant = check_averaging_constant(averaging_constant) if averaging else None
+    if averaging and is_dynamic and constant != 1:
+        raise UnsupportedConfigError(f"is_dynamic=True needs averaging_constant=1 in {owner}, got {averaging_constant!r}")
+    if per_channel and (isinstance(ch_axis, (bool, np.bool_)) or not isinstance(ch_axis, (int, np.integer))):
+        raise TypeError(f"ch_axis must be an int, got {type(ch_axis).__name__} {ch_axis!r}")
+    return constant
+
+
+def check_reduce_range(spec: QuantSpec, reduce_range: bool, owner: str) -> None:
+    """torch.ao's min/max observers refuse ``reduce_range=True`` for symmetric ``quint8`` (its histogram
+    observer takes it): ``UnsupportedConfigError``."""
+    if spec.qscheme.is_symmetric and reduce_range and spec.dtype == "quint8":
+        raise UnsupportedConfigError(
+            f"reduce_range=True is not supported by {owner} for symmetric quantization with dtype='quint8'")
 
 
 def init(config: Config, /, *, num_channels: int | None = None, device: Any = None, xp: Any = None) -> State:
