@@ -27,8 +27,9 @@ from observers_core._dtypes import FLOAT32_EPS, QScheme, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import check_real, device_of, index_dtype, normalize_axis, size
 from observers_core._qparams import UNINITIALIZED_WARNING, QParams
-from observers_core._state_dict import check_fixed_qparams, check_keys, check_minmax_entries
-from observers_core._validate import check_bool, check_channel_count
+from observers_core._fixed import check_fixed_observer, check_fixed_qparams
+from observers_core._state_dict import check_keys, check_minmax_entries
+from observers_core._validate import check_bool, check_channel_count, check_float
 from observers_core.families import minmax as family
 
 from ._backend import Backend
@@ -538,13 +539,11 @@ class FixedQParamsObserver(ObserverBase):
         xp: Any = None,
         device: Any = None,
     ) -> None:
-        if is_dynamic:
-            raise ValueError("is_dynamic=True is not supported by FixedQParamsObserver")
-        spec = quant_spec(dtype, qscheme, quant_min=quant_min, quant_max=quant_max)
-        super().__init__(spec.dtype, is_dynamic, xp=xp, device=device)
+        spec, scale_arr, zp_arr = check_fixed_observer(scale, zero_point, dtype=dtype, qscheme=qscheme,
+                                                       quant_min=quant_min, quant_max=quant_max, is_dynamic=is_dynamic)
+        super().__init__(spec.dtype, False, xp=xp, device=device)
         self.qscheme = spec.qscheme
         self.quant_min, self.quant_max = spec.quant_min, spec.quant_max
-        scale_arr, zp_arr = check_fixed_qparams(scale, zero_point, self.quant_min, self.quant_max)
         self._scale, self._zero_point = self._to_arrays(scale_arr, zp_arr, None)
 
     def _to_arrays(self, s: np.ndarray, z: np.ndarray, like: Array | None) -> tuple[Array, Array]:
@@ -589,7 +588,7 @@ class PlaceholderObserver(ObserverBase):
         self.compute_dtype = compute_dtype
         self.quant_min, self.quant_max = quant_min, quant_max
         self.qscheme = QScheme.PER_TENSOR_AFFINE if qscheme is None else QScheme.parse(qscheme)
-        self.eps = FLOAT32_EPS if eps is None else float(eps)
+        self.eps = FLOAT32_EPS if eps is None else check_float(eps, "eps")
 
     def calculate_qparams(self) -> QParams:
         raise RuntimeError(f"calculate_qparams should not be called for {type(self).__name__}")

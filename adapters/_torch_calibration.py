@@ -53,7 +53,9 @@ from observers_core.families import calibration as family
 from . import _array_calibration as _base
 from ._catalog import constructor_on
 from ._torch_distributed import merge_keys
-from ._torch_minmax import UniformQuantizationObserverBase, all_or_nothing, to_core_dtype, to_core_qscheme
+from ._torch_minmax import (
+    UniformQuantizationObserverBase, all_or_nothing, factory_kwargs_of, to_core_dtype, to_core_qscheme,
+)
 
 
 def _tree_map(fn, tree):
@@ -142,7 +144,7 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
         self.ch_axis = int(ch_axis)
         self.averaging_constant = config.averaging_constant
         self.last_choice: torch.Tensor | None = None
-        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
+        factory_kwargs = factory_kwargs_of(factory_kwargs)
         if per_channel:
             self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
             self.register_buffer("max_val", torch.tensor([], **factory_kwargs))

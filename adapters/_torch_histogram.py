@@ -62,6 +62,7 @@ from ._torch_minmax import (
     as_torch_entries,
     UniformQuantizationObserverBase,
     checked_input,
+    factory_kwargs_of,
     to_core_dtype,
     to_core_qscheme,
 )
@@ -105,7 +106,7 @@ class _HistogramObserver(UniformQuantizationObserverBase):
             dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max,
             factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **kwargs,
         )
-        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
+        factory_kwargs = factory_kwargs_of(factory_kwargs)
         self.bins = bins
         self.register_buffer("histogram", torch.zeros(bins, **factory_kwargs))
         self.register_buffer("min_val", torch.tensor(INF, **factory_kwargs))

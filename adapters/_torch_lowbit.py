@@ -40,7 +40,7 @@ from observers_core._validate import check_bool
 
 from ._array_observers import ObserveLoop
 from ._torch_distributed import SyncMixin
-from ._torch_minmax import TORCH_XP, ObserverBase, all_or_nothing, as_torch_entries, checked_input
+from ._torch_minmax import TORCH_XP, ObserverBase, all_or_nothing, as_torch_entries, checked_input, factory_kwargs_of
 from ._torch_pt2e import link_torchao, pt2e_observer
 
 __all__ = list(_base.__all__)
@@ -95,7 +95,7 @@ class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
         spec = lowbit_family.make_spec(type(self).__name__, self._FAMILY, _dtype_name(dtype), **layout)
         ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
         is_dynamic = check_bool(is_dynamic, "is_dynamic")
-        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
+        factory_kwargs = factory_kwargs_of(factory_kwargs)
         super().__init__(dtype=spec.dtype, is_dynamic=is_dynamic)
         self.spec = spec
         self.ignore_nonfinite = ignore_nonfinite

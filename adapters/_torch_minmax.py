@@ -7,6 +7,7 @@ import functools
 import types
 import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 import array_api_compat.torch as _compat_torch
@@ -25,8 +26,9 @@ from .. import (
 from .._dtypes import parse_dtype
 from .._minmax import mean_of_replicas
 from .._qparams import UNINITIALIZED_WARNING
-from .._state_dict import check_fixed_qparams, check_minmax_entries, host_array
-from .._validate import INF, check_bool, check_channel_count
+from .._fixed import check_fixed_observer, check_fixed_qparams
+from .._state_dict import check_minmax_entries, host_array
+from .._validate import INF, check_bool, check_channel_count, check_float
 from ..families import minmax as minmax_family
 from . import _array_observers as _base
 from ._array_observers import ObserveLoop
@@ -169,6 +171,15 @@ def to_core_qscheme(qscheme: Any, *, name: str = "qscheme") -> QScheme:
     return QScheme.parse(qscheme, name=name)
 
 
+def factory_kwargs_of(factory_kwargs: Any) -> dict:
+    """``torch.nn.factory_kwargs(factory_kwargs)`` after checking that ``factory_kwargs`` is ``None`` or a dict
+    (``ValueError`` naming it, as the array observers raise, where torch's function raises ``AttributeError``)."""
+    if factory_kwargs is not None and not isinstance(factory_kwargs, Mapping):
+        raise ValueError(f"factory_kwargs={factory_kwargs!r} is not supported; allowed: None or a dict such as "
+                         "{'device': ..., 'dtype': ...}")  # fmt: skip
+    return torch.nn.factory_kwargs(factory_kwargs)
+
+
 def checked_input(x_orig: Any, buffer: torch.Tensor) -> torch.Tensor:
     """``x_orig`` detached, after the checks that keep ``buffer`` valid (nothing is modified):
     a real dtype (other than the natively reduced ones: cast to the buffer dtype, as torch does)
@@ -246,7 +257,7 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
             eps=eps,
         )
         ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
-        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
+        factory_kwargs = factory_kwargs_of(factory_kwargs)
         super().__init__(dtype=_TORCH_DTYPES[spec.dtype], is_dynamic=is_dynamic, **kwargs)
         self.qscheme = _TORCH_QSCHEMES[spec.qscheme]
         if reduce_range:
@@ -426,7 +437,7 @@ class _MinMaxFamily(UniformQuantizationObserverBase):
             factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **kwargs,
         )
         minmax_family.check_reduce_range(self._quant_spec(), reduce_range, owner)
-        factory_kwargs = torch.nn.factory_kwargs(factory_kwargs)
+        factory_kwargs = factory_kwargs_of(factory_kwargs)
         if per_channel:
             self.ch_axis = int(ch_axis)
         self.register_buffer("min_val", torch.tensor([] if per_channel else INF, **factory_kwargs))
@@ -555,21 +566,13 @@ class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
         **kwargs,
     ):
         link_torchao()
-        dtype = _TORCH_DTYPES[to_core_dtype(dtype)]
-        scheme = to_core_qscheme(qscheme)
-        if not scheme.is_per_tensor:
-            raise ValueError(f"qscheme={qscheme} must be per tensor for a FixedQParamsObserver")
-        validate_qmin_qmax(quant_min, quant_max)
-        scale, zero_point = check_fixed_qparams(scale, zero_point, quant_min, quant_max)
+        spec, scale, zero_point = check_fixed_observer(
+            scale, zero_point, dtype=to_core_dtype(dtype), qscheme=to_core_qscheme(qscheme), quant_min=quant_min,
+            quant_max=quant_max, is_dynamic=is_dynamic,
+        )
         super().__init__(
-            float(scale[0]),
-            int(zero_point[0]),
-            dtype=dtype,
-            qscheme=_TORCH_QSCHEMES[scheme],
-            quant_min=quant_min,
-            quant_max=quant_max,
-            is_dynamic=is_dynamic,
-            **kwargs,
+            float(scale[0]), int(zero_point[0]), dtype=_TORCH_DTYPES[spec.dtype], qscheme=_TORCH_QSCHEMES[spec.qscheme],
+            quant_min=spec.quant_min, quant_max=spec.quant_max, is_dynamic=False, **kwargs,
         )
 
     @all_or_nothing
@@ -591,7 +594,16 @@ class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
 @pt2e_observer
 class PlaceholderObserver(_torch_observer.PlaceholderObserver):
     r"""Observes nothing; carries ``dtype``/``is_dynamic`` (e.g. float16 or dynamic quantization) to
-    the quantized module's ``from_float``. ``calculate_qparams`` raises, as in torch."""
+    the quantized module's ``from_float``. ``calculate_qparams`` raises, as in torch. ``qscheme`` (when
+    given) must be a known scheme and ``eps`` a finite float, as on every framework (torch stores anything)."""
+
+    def __init__(self, dtype=torch.float32, custom_op_name="", compute_dtype=None, quant_min=None, quant_max=None,
+                 qscheme=None, eps=None, is_dynamic=False) -> None:
+        if qscheme is not None:
+            to_core_qscheme(qscheme)
+        if eps is not None:
+            check_float(eps, "eps")
+        super().__init__(dtype, custom_op_name, compute_dtype, quant_min, quant_max, qscheme, eps, is_dynamic)
 
 
 @pt2e_observer

@@ -3,8 +3,6 @@
 An entry may be an array of any framework (NumPy, CuPy, JAX, torch, array_api_strict); each check reads it
 on the host as NumPy and raises ``TypeError``/``ValueError`` naming the entry and what is allowed. Shared
 by the array observers and the torch modules, so every backend accepts and refuses the same state dicts.
-:func:`check_fixed_qparams` checks a ``FixedQParamsObserver``'s scale and zero point, given to its
-constructor or loaded, with the same rules.
 """
 
 from __future__ import annotations
@@ -16,8 +14,7 @@ import numpy as np
 
 from ._validate import check_eps
 
-__all__ = ["EXTENSION_FLOATS", "host_array", "check_entry", "check_keys", "check_minmax_entries", "one_number",
-           "check_fixed_qparams"]
+__all__ = ["EXTENSION_FLOATS", "host_array", "check_entry", "check_keys", "check_minmax_entries"]
 
 #: NumPy extension float dtypes (ml_dtypes) that the array-API namespaces do not know; cast to float32.
 EXTENSION_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
@@ -94,40 +91,3 @@ def check_minmax_entries(
         )
     return eps_val, lo32, hi32
 
-
-def one_number(value: Any, name: str) -> float:
-    """``value`` (a Python or NumPy number, or a one-element array of any framework) as a float; ``TypeError``
-    for a bool, a string or anything else that is not a real number, ``ValueError`` for other sizes."""
-    arr = None
-    if not isinstance(value, (bool, np.bool_, str, bytes)):
-        try:
-            arr = host_array(value, name)
-        except TypeError:
-            pass
-    if arr is None or (arr.dtype.kind not in "fiu" and arr.dtype.name not in EXTENSION_FLOATS):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    if arr.size != 1:
-        raise ValueError(f"{name} must be one number, got shape {arr.shape}")
-    return float(arr.reshape(-1)[0])
-
-
-def check_fixed_qparams(scale: Any, zero_point: Any, quant_min: int, quant_max: int, *, loaded: bool = False
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """A fixed ``scale`` and ``zero_point`` (each :func:`one_number`) as float32 and int32 arrays of shape
-    ``(1,)``: ``scale`` positive and finite in float32, ``zero_point`` an integer in ``[quant_min, quant_max]``.
-    ``loaded``: state-dict entries, which must also have shape ``(1,)`` (errors name ``state_dict[...]``).
-    One rule for every framework's ``FixedQParamsObserver``, its constructor and its ``load_state_dict``."""
-    s_name, z_name = "scale", "zero_point"
-    if loaded:
-        scale, zero_point = check_entry(scale, s_name, (1,)), check_entry(zero_point, z_name, (1,))
-        s_name, z_name = f"state_dict[{s_name!r}]", f"state_dict[{z_name!r}]"
-    s, z = one_number(scale, s_name), one_number(zero_point, z_name)
-    with np.errstate(over="ignore", under="ignore"):
-        s32 = np.asarray([s], dtype=np.float32)
-    if not (np.isfinite(s32[0]) and s32[0] > 0):
-        raise ValueError(f"{s_name}={s!r} must be a positive finite number (as float32)")
-    if not (np.isfinite(z) and z == np.floor(z)):
-        raise ValueError(f"{z_name}={z!r} must be an integer")
-    if not quant_min <= z <= quant_max:
-        raise ValueError(f"{z_name}={int(z)} must lie in [quant_min={quant_min}, quant_max={quant_max}]")
-    return s32, np.asarray([z], dtype=np.int32)

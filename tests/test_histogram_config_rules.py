@@ -31,6 +31,8 @@ DELIBERATE = [
      lambda kw: "eps" in kw and not (isinstance(kw["eps"], float) and 0 < kw["eps"] < float("inf"))),
     ("reduce_range must be a bool (torch takes any truthy value)",
      lambda kw: "reduce_range" in kw and not isinstance(kw["reduce_range"], bool)),
+    ("is_dynamic must be a bool (torch takes any value's truthiness)",
+     lambda kw: "is_dynamic" in kw and not isinstance(kw["is_dynamic"], bool)),
 ]  # fmt: skip
 
 DTYPES = [torch.quint8, torch.qint8, torch.qint32, torch.quint4x2, torch.quint2x4, torch.uint8, torch.int8,
@@ -42,7 +44,8 @@ RANGES = [(None, None), (0, 127), (-128, 127), (0, 255), (-64, 63), (0, 15), (-8
 SINGLE = [{"bins": b} for b in (1, 0, -1, 3.0, True, 2**24, 2**24 + 1)] + \
     [{"eps": e} for e in (1e-3, 0.0, -1.0, float("nan"), float("inf"))] + \
     [{"factory_kwargs": f} for f in (None, {"device": "cpu"}, {"dtype": torch.float32})] + \
-    [{"reduce_range": r} for r in (True, 1, None)]  # fmt: skip
+    [{"reduce_range": r} for r in (True, 1, None)] + [{"is_dynamic": d} for d in (0, None)] + \
+    [{"factory_kwargs": 3}]  # fmt: skip
 
 
 def _build(cls, kw):

@@ -49,6 +49,8 @@ MINMAX_DELIBERATE = {
             _not_float_in(0.0, 1.0)(kw["averaging_constant"]) or math.isnan(kw["averaging_constant"])),
     "ch_axis must be an int (torch takes a float or bool and fails at the first batch)":
         lambda kw: "ch_axis" in kw and (isinstance(kw["ch_axis"], bool) or not isinstance(kw["ch_axis"], int)),
+    "is_dynamic must be a bool (torch takes any value's truthiness)":
+        lambda kw: not isinstance(kw.get("is_dynamic", False), bool),
 }  # fmt: skip
 FIXED_DELIBERATE = {
     "per-channel qschemes: one fixed scale is per tensor (torch keeps the qscheme and quantizes per tensor)":
@@ -62,6 +64,17 @@ FIXED_DELIBERATE = {
     "zero_point must be an integer, not a bool, in [quant_min, quant_max] (torch truncates 1.5 to 1)":
         lambda kw: isinstance(kw["zero_point"], bool) or kw["zero_point"] != int(kw["zero_point"])
         or not kw["quant_min"] <= kw["zero_point"] <= kw["quant_max"],
+    "a custom range longer than the dtype's (8-bit: 256 values; 32-bit: 2**32), or an affine one beyond int32 "
+    "(the min/max observers' rules, quant_spec's; torch's FixedQParams takes any)":
+        lambda kw: kw["quant_max"] - kw["quant_min"] + 1 > 256 or kw["quant_max"] >= 2**31,
+    "is_dynamic must be a bool (torch takes any value's truthiness)":
+        lambda kw: not isinstance(kw.get("is_dynamic", False), bool),
+}  # fmt: skip
+
+PLACEHOLDER_DELIBERATE = {
+    "qscheme must be a quantization scheme and eps a float (torch stores any value)":
+        lambda kw: not isinstance(kw.get("qscheme", torch.per_tensor_affine), torch.qscheme)
+        or not isinstance(kw.get("eps", 0.0), (float, type(None))),
 }  # fmt: skip
 
 
@@ -80,6 +93,8 @@ def _minmax_configs(name):
     yield from ({"eps": e} for e in (1e-3, 2.0**-126, 0.0, -1.0, 1e-40, float("nan"), float("inf")))
     yield from ({"factory_kwargs": f} for f in (None, {"device": "cpu"}, {"dtype": torch.float32}))
     yield from ({"reduce_range": r} for r in (True, 1, None))
+    yield from ({"is_dynamic": d} for d in (0, None))
+    yield {"factory_kwargs": 3}
     if "MovingAverage" in name:
         yield from ({"averaging_constant": a} for a in (0.0, 0.5, 1.0, 1, 1.5, -0.1, float("nan"), True))
     if "PerChannel" in name:
@@ -92,12 +107,20 @@ def _fixed_configs():
     for d, q, (lo, hi), s, z in itertools.product(DTYPES, QSCHEMES, ranges, scales,
                                                   [0, 64, 128, 2.0, np.int64(5), -1, 300, 1.5, True]):
         yield {"scale": s, "zero_point": z, "dtype": d, "qscheme": q, "quant_min": lo, "quant_max": hi}
+    for d, (lo, hi) in itertools.product(DTYPES, [(0, 65535), (-(2**31), 2**31 - 1), (0, 2**31)]):
+        yield {"scale": 0.5, "zero_point": 0, "dtype": d, "qscheme": torch.per_tensor_affine, "quant_min": lo,
+               "quant_max": hi}
+    for dyn in (0, None, True):
+        yield {"scale": 0.5, "zero_point": 0, "dtype": torch.quint8, "qscheme": torch.per_tensor_affine,
+               "quant_min": 0, "quant_max": 255, "is_dynamic": dyn}
 
 
 def _placeholder_configs():
     for d, compute, qmin, dyn in itertools.product(DTYPES + [torch.bfloat16], [None, torch.float16, torch.float32],
                                                    [None, 0, -128], [False, True]):
         yield {"dtype": d, "compute_dtype": compute, "quant_min": qmin, "is_dynamic": dyn}
+    yield from ({"qscheme": q} for q in (*QSCHEMES, "per_row", 3))
+    yield from ({"eps": e} for e in (1e-3, "small", None))
 
 
 ATTRIBUTES = ("dtype", "qscheme", "quant_min", "quant_max", "is_dynamic", "reduce_range", "ch_axis",
@@ -121,7 +144,7 @@ CASES = {
     "PerChannelMinMaxObserver": (_minmax_configs, MINMAX_DELIBERATE),
     "MovingAveragePerChannelMinMaxObserver": (_minmax_configs, MINMAX_DELIBERATE),
     "FixedQParamsObserver": (lambda name: _fixed_configs(), FIXED_DELIBERATE),
-    "PlaceholderObserver": (lambda name: _placeholder_configs(), {}),
+    "PlaceholderObserver": (lambda name: _placeholder_configs(), PLACEHOLDER_DELIBERATE),
 }
 
 

@@ -80,7 +80,7 @@ def check_observer_args(owner: str, qscheme: QScheme, *, bins: Any, upsample_rat
     Returns ``(bins, upsample_rate)``; the dtype is checked with the spec (:func:`check_dtype`)."""
     bins, upsample_rate = check_bins(bins), check_upsample_rate(upsample_rate)
     check_granularity(qscheme, owner, per_channel=False)
-    if is_dynamic:
+    if check_bool(is_dynamic, "is_dynamic"):
         raise UnsupportedConfigError(f"is_dynamic=True is not supported by {owner} (no dynamic quantization)")
     return bins, upsample_rate
 

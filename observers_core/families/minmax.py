@@ -72,9 +72,10 @@ def check_observer_args(owner: str, qscheme: QScheme, *, per_channel: bool, is_d
                         averaging_constant: Any = None, ch_axis: Any = None) -> float | None:
     """torch.ao's min/max observer classes' rules that :func:`~observers_core.quant_spec` does not hold, in
     torch's order (every framework's classes check these): the qscheme's granularity is the class's; a
-    per-channel observer is not dynamic; a moving average's ``averaging_constant`` is in ``[0, 1]``, and 1
+    per-channel observer is not dynamic (``is_dynamic`` a bool); a moving average's ``averaging_constant`` is in ``[0, 1]``, and 1
     when dynamic; ``ch_axis`` is an int. Returns the averaging constant (``None`` for a running range).
     ``UnsupportedConfigError`` (torch raises ``NotImplementedError`` there), ``TypeError``, ``ValueError``."""
+    is_dynamic = check_bool(is_dynamic, "is_dynamic")
     check_granularity(qscheme, owner, per_channel=per_channel)
     if is_dynamic and per_channel:
         raise UnsupportedConfigError(f"is_dynamic=True is not supported by {owner}")
