@@ -125,7 +125,7 @@ def _torch_kwargs(kwargs: dict) -> dict:
     out = dict(kwargs)
     if out.get("dtype") in TORCH_DTYPES:
         out["dtype"] = TORCH_DTYPES[out["dtype"]]
-    if isinstance(out.get("qscheme"), str):
+    if isinstance(out.get("qscheme"), str) and isinstance(getattr(torch, out["qscheme"], None), torch.qscheme):
         out["qscheme"] = getattr(torch, out["qscheme"])
     return out
 
@@ -259,3 +259,46 @@ def test_a_torch_class_is_the_generic_constructor_on_torchs_base(name):
             assert default in (p.default, TORCH_DTYPES[p.default])
         else:
             assert default == p.default or default is p.default, p.name
+
+
+#: Odd values for every constructor argument, one argument at a time (the rest at their defaults).
+ODD_VALUES = [None, True, 1.5, -1, 0, 3, "x", 2**40, float("nan")]
+#: Arguments of one framework only: the array observers' ``xp``/``device``; torch takes ``factory_kwargs``.
+#: ``is_sync_quantize=True`` is torch's (torch.distributed sync, README), ``NotImplementedError`` elsewhere.
+BACKEND_ONLY = {"xp", "device"}
+
+
+def _build_outcome(make, name: str, kwargs: dict) -> str:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            make(name, kwargs)
+        except Exception as e:  # noqa: BLE001  (the type is compared)
+            return type(e).__name__
+    return "ok"
+
+
+@pytest.mark.parametrize("name", sorted({name for name, _ in CASES}))
+def test_every_argument_is_checked_alike_on_every_backend(name):
+    """Every public class's constructor arguments, each given odd values (a bool, a float, None, a string,
+    a huge int, NaN...) one at a time: numpy, JAX and torch accept the same values and refuse the others
+    with the same exception type (the sweep that found the FixedQParams, factory_kwargs, is_dynamic and
+    PlaceholderObserver drift between torch and the array observers)."""
+    import inspect
+
+    base = {"scale": 0.1, "zero_point": 0} if name == "FixedQParamsObserver" else {}
+    params = [p for p in inspect.signature(GENERIC[name]).parameters.values()
+              if p.kind is not p.VAR_KEYWORD and p.name not in BACKEND_ONLY]
+    makers = {backend: BACKENDS[backend][0] for backend in ("numpy", "jax", "torch")}
+    differ, count = [], 0
+    for p in params:
+        for value in ODD_VALUES:
+            if p.name == "is_sync_quantize" and value is True:
+                continue
+            kwargs = {**base, p.name: value}
+            outcomes = {backend: _build_outcome(make, name, kwargs) for backend, make in makers.items()}
+            count += 1
+            if len(set(outcomes.values())) > 1:
+                differ.append((p.name, value, outcomes))
+    assert count >= 9, count
+    assert not differ, differ
