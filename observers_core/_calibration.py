@@ -1306,7 +1306,7 @@ def _rebin(counts: Array, lo: Array, width: Array, new_lo: Array, new_width: Arr
     filled = width > 0
     safe_w = xp.where(filled, width, 1.0)
     m = xp.arange(bins + 1, dtype=lo.dtype, device=_device(lo))
-    with discarded_invalid(xp):  # edges beyond float's range overflow to inf, clipped below
+    with discarded_invalid(xp, over="ignore"):  # edges beyond float's range overflow to inf, clipped below
         edges = new_lo[:, None] + m * new_width[:, None]
         first = clamp((edges - lo[:, None]) / safe_w[:, None], 0.0, float(bins), xp)
     first = xp.where((m == 0)[None, :], 0.0, xp.where((m == bins)[None, :], float(bins), first))

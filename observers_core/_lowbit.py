@@ -44,7 +44,9 @@ from ._mx import (
     round_to_element,
     to_blocks,
 )
-from ._namespace import array_namespace, check_real, device_of, divide_by_constant, normalize_axis, scalar_like
+from ._namespace import (
+    array_namespace, check_real, device_of, discarded_invalid, divide_by_constant, normalize_axis, scalar_like,
+)
 from ._qparams import QParams
 from ._quantize import fake_quantize
 
@@ -188,28 +190,29 @@ def group_qparams(
 
     ``eps`` defaults to float32 eps (torch, Quark); torchao's default is the input dtype's smallest
     normal. A range with ``min_val > max_val`` (nothing observed) gives ``s = 1, z = 0`` as in torch;
-    a NaN range gives ``s = NaN, z = 0``; an infinite one ``s = inf``. ``z`` is int32.
+    a NaN range gives ``s = NaN, z = 0``; an infinite one ``s = inf`` (silently on every framework). ``z`` is int32.
     """
     xp = array_namespace(min_val, max_val, xp=xp)
     check_real(min_val, xp)
     check_real(max_val, xp)
-    qmin, qmax = _int_range(dtype)
-    dtype_f = compute_dtype(min_val, xp)
-    lo, hi = xp.astype(min_val, dtype_f), xp.astype(max_val, dtype_f)
-    zero = xp.zeros((), dtype=dtype_f, device=device_of(lo))
-    eps_a = scalar_like(float(eps), lo, xp)
-    min_neg, max_pos = xp.minimum(lo, zero), xp.maximum(hi, zero)
-    if symmetric:
-        scale = xp.maximum(divide_by_constant(xp.maximum(-min_neg, max_pos), float(qmax - qmin) / 2, xp), eps_a)
-        zero_point = xp.full(scale.shape, int((qmax + qmin + 1) / 2), dtype=xp.int32, device=device_of(lo))
-    else:
-        scale = xp.maximum(divide_by_constant(max_pos - min_neg, float(qmax - qmin), xp), eps_a)
-        shift = xp.round(min_neg / scale)
-        shift = xp.where(xp.isfinite(shift), shift, xp.zeros_like(shift))
-        zero_point = xp.astype(xp.clip(qmin - shift, float(qmin), float(qmax)), xp.int32)
-    invalid = lo > hi
-    scale = xp.where(invalid, xp.ones_like(scale), scale)
-    zero_point = xp.where(invalid | xp.isnan(scale), xp.zeros_like(zero_point), zero_point)
+    with discarded_invalid(xp, over="ignore", divide="ignore"):  # NaN/inf scales are results, silently
+        qmin, qmax = _int_range(dtype)
+        dtype_f = compute_dtype(min_val, xp)
+        lo, hi = xp.astype(min_val, dtype_f), xp.astype(max_val, dtype_f)
+        zero = xp.zeros((), dtype=dtype_f, device=device_of(lo))
+        eps_a = scalar_like(float(eps), lo, xp)
+        min_neg, max_pos = xp.minimum(lo, zero), xp.maximum(hi, zero)
+        if symmetric:
+            scale = xp.maximum(divide_by_constant(xp.maximum(-min_neg, max_pos), float(qmax - qmin) / 2, xp), eps_a)
+            zero_point = xp.full(scale.shape, int((qmax + qmin + 1) / 2), dtype=xp.int32, device=device_of(lo))
+        else:
+            scale = xp.maximum(divide_by_constant(max_pos - min_neg, float(qmax - qmin), xp), eps_a)
+            shift = xp.round(min_neg / scale)
+            shift = xp.where(xp.isfinite(shift), shift, xp.zeros_like(shift))
+            zero_point = xp.astype(xp.clip(qmin - shift, float(qmin), float(qmax)), xp.int32)
+        invalid = lo > hi
+        scale = xp.where(invalid, xp.ones_like(scale), scale)
+        zero_point = xp.where(invalid | xp.isnan(scale), xp.zeros_like(zero_point), zero_point)
     return QParams(scale, zero_point)
 
 

@@ -214,13 +214,15 @@ def rounded(product: Array, xp: Any) -> Array:
     return xp.where(xp.isnan(product), scalar_like(float("nan"), product, xp), product)
 
 
-def discarded_invalid(xp: Any) -> Any:
+def discarded_invalid(xp: Any, **errors: str) -> Any:
     """A context in which NumPy stays quiet about invalid operations whose results are discarded
-    (``inf - inf`` in an entry a ``where`` replaces); a no-op for backends not built on NumPy."""
+    (``inf - inf`` in an entry a ``where`` replaces), and about the ``errors`` given (``np.errstate``'s
+    keywords) where NaN or inf is the documented result, as torch and JAX give it silently; a no-op for
+    backends not built on NumPy."""
     if is_numpy_namespace(xp) or array_api_compat.is_array_api_strict_namespace(xp):
         import numpy as np
 
-        return np.errstate(invalid="ignore")
+        return np.errstate(**{"invalid": "ignore", **errors})
     return contextlib.nullcontext()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ._dtypes import QScheme, QuantSpec
-from ._namespace import array_namespace, device_of, divide_by_constant, index_dtype, scalar_like
+from ._namespace import array_namespace, device_of, discarded_invalid, divide_by_constant, index_dtype, scalar_like
 
 __all__ = ["QParams", "UNINITIALIZED_WARNING", "calculate_qparams"]
 
@@ -38,9 +38,15 @@ def calculate_qparams(min_val: Array, max_val: Array, /, spec: QuantSpec, *, xp:
     Entries whose range is invalid (``min_val > max_val``, which includes a never-updated state of
     ``+inf``/``-inf``) get torch's fallback ``s = 1``, ``z = 0``; torch raises for ``min > max`` on an
     updated state, a data-dependent check that the adapters make outside of the core.
-    Per-tensor (0-d) inputs give shape-(1,) results, as in torch.
+    Per-tensor (0-d) inputs give shape-(1,) results, as in torch. A NaN or infinite range gives a NaN or
+    infinite scale, silently on every framework (NumPy's floating-point warnings are off here).
     """
     xp = array_namespace(min_val, max_val, xp=xp)
+    with discarded_invalid(xp, over="ignore", divide="ignore"):
+        return _calculate_qparams(min_val, max_val, spec, xp)
+
+
+def _calculate_qparams(min_val: Array, max_val: Array, spec: QuantSpec, xp: Any) -> QParams:
     dtype = min_val.dtype
     eps = scalar_like(spec.eps, min_val, xp, dtype=xp.float32)
     zero = xp.zeros((), dtype=dtype, device=device_of(min_val))

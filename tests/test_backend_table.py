@@ -10,6 +10,9 @@ by running the installed torch.ao class here, not written down.
 
 from __future__ import annotations
 
+import itertools
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -302,3 +305,32 @@ def test_every_argument_is_checked_alike_on_every_backend(name):
                 differ.append((p.name, value, outcomes))
     assert count >= 9, count
     assert not differ, differ
+
+
+#: Constructor arguments that make a class per channel / per group (the table's defaults are per tensor).
+_GRANULAR = {"PerChannelMinMaxObserver": {"ch_axis": 1}, "MovingAveragePerChannelMinMaxObserver": {"ch_axis": 1},
+             "KLObserver": PER_CH_SYM, "MSEObserver": PER_CH_SYM, "MixObserver": {**PER_CH_SYM, "ch_axis": 0},
+             "FixedQParamsObserver": {"scale": 0.1, "zero_point": 0}, "PerGroupMinMaxObserver": {"group_size": 4},
+             "PerBlockMXObserver": {"block_size": 8}}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["nan", "inf", "float32_max", "subnormal", "wide"])
+def test_numpy_observers_are_as_quiet_as_torchs(kind):
+    """NaN, inf, huge, subnormal and wide batches give NaN/inf/clipped results silently on every backend:
+    NumPy's floating-point RuntimeWarnings (overflow in a range's width, invalid casts of NaN, a KL
+    histogram's edges beyond float32) came from the numpy observers only (calculate_qparams,
+    group_qparams, the calibration histogram's re-binning, which torch's calibration observers run too)."""
+    sys_path = os.path.join(os.path.dirname(__file__))
+    if sys_path not in sys.path:
+        sys.path.insert(0, sys_path)
+    from _adversarial_strategies import make_batch
+
+    names = sorted({n for n, _ in CASES} - {"PlaceholderObserver", "NoopObserver"})
+    for (backend, (make, convert)), name in itertools.product([(b, BACKENDS[b]) for b in ("numpy", "torch")], names):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the observers' own UserWarnings are not the point
+            warnings.simplefilter("error", RuntimeWarning)
+            obs = make(name, _GRANULAR.get(name, {}))
+            for k in (kind, "normal", kind):
+                obs(convert(make_batch(k, 0, (4, 8), "float32")))
+            obs.calculate_qparams()

@@ -221,6 +221,22 @@ def test_qparams_fallback_for_unobserved_state(backend):
     assert_same_on_device(to_numpy(scale)[:1], np.float32([2.0]) / np.float32(127.5), backend.name, "scale")
 
 
+@pytest.mark.parametrize("qscheme", ["per_channel_affine", "per_channel_symmetric", "per_channel_affine_float_qparams"])
+def test_qparams_of_nan_and_infinite_ranges_are_silent_and_torchs(backend, qscheme):
+    """A NaN range (a state that saw NaN), an infinite one and one whose width overflows float32 give torch's
+    qparams (NaN or infinite scales where torch's are) silently on every backend: NumPy's floating-point
+    warnings (invalid cast, overflow) came from the numpy observers only, where torch and JAX say nothing."""
+    spec = oc.quant_spec("quint8", qscheme)
+    lo = np.array([np.nan, -np.inf, -3e38, -1.0], dtype=np.float32)
+    hi = np.array([np.nan, np.inf, 3e38, 2.0], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scale, zp = oc.calculate_qparams(backend.asarray(lo), backend.asarray(hi), spec)
+    ref_scale, ref_zp = oc.calculate_qparams(torch.from_numpy(lo), torch.from_numpy(hi), spec)
+    np.testing.assert_array_equal(to_numpy(scale), ref_scale.numpy())
+    np.testing.assert_array_equal(to_numpy(zp)[3:], ref_zp.numpy()[3:])  # (NaN -> int: platform-defined)
+
+
 def test_nan_propagates_by_default_like_torch(xp):
     x = np.array([1.0, np.nan, -2.0], dtype=np.float32)
     theirs = tao.MinMaxObserver()
