@@ -90,4 +90,3 @@ def check_minmax_entries(
             f"{lo32[bad].tolist()} > {hi32[bad].tolist()}"
         )
     return eps_val, lo32, hi32
-
