@@ -334,3 +334,25 @@ def test_numpy_observers_are_as_quiet_as_torchs(kind):
             for k in (kind, "normal", kind):
                 obs(convert(make_batch(k, 0, (4, 8), "float32")))
             obs.calculate_qparams()
+
+
+def test_a_channel_that_saw_no_finite_value_gets_scale_one_on_every_backend():
+    """Per channel with ``ignore_nonfinite=True``, a channel that saw only NaN keeps ``(+inf, -inf)``: every
+    backend gives it scale 1 and zero point 0, the other channels their own qparams (torch.ao's
+    ``calculate_qparams`` raises ``AssertionError`` for such a state). The torch observers also warn; the
+    array observers do not read the state on the host in ``calculate_qparams`` (JAX, CuPy) and stay silent."""
+    x = np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32)
+    x[:, 2, :] = np.nan
+    for backend, (make, convert) in BACKENDS.items():
+        obs = make("PerChannelMinMaxObserver", {"ch_axis": 1, "ignore_nonfinite": True})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            obs(convert(x.copy()))
+            scale, zero_point = (np.asarray(v) for v in obs.calculate_qparams())
+        assert scale[2] == 1.0 and zero_point[2] == 0 and np.all(scale[[0, 1, 3]] != 1.0), (backend, scale)
+        warned = any("seen no finite value" in str(w.message) for w in caught)
+        assert warned == (backend == "torch"), backend
+    theirs = tao.PerChannelMinMaxObserver(ch_axis=1)
+    theirs.min_val, theirs.max_val = torch.tensor([-1.0, -1.0, np.inf, -1.0]), torch.tensor([1.0, 1.0, -np.inf, 1.0])
+    with pytest.raises(AssertionError):
+        theirs.calculate_qparams()
