@@ -42,7 +42,8 @@ Differences, all deliberate:
   step through the pure ``update(state, x, collective=...)`` (JAX: ``axis_name=`` inside
   ``shard_map``/``pmap``); the torch observers take the flag (``torch.distributed``).
 - Histograms are not saved (as in Horizon): the state dict holds ``eps``, ``min_val`` and ``max_val``.
-- ``bins`` must be at least the number of levels ``|x|`` reaches (128 for ``qint8`` symmetric);
+- ``bins`` must be at least the number of levels ``|x|`` reaches (128 for ``qint8`` symmetric) and at
+  most ``2**24``;
   ``MSEObserver`` and ``MixObserver`` take ``bins`` (default 2048) as a keyword-only extension.
 """
 

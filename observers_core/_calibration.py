@@ -34,6 +34,7 @@ from ._compiled import (
 )
 from ._dtypes import QScheme, QuantSpec
 from ._minmax import host_finite_range
+from ._histogram import MAX_BINS
 from ._validate import INF, check_bool, check_float, check_int
 from ._namespace import (
     namespace_of,
@@ -1196,13 +1197,19 @@ class CalibHistogram(NamedTuple):
     max_val: Array
 
 
+def check_calib_bins(bins: Any) -> int:
+    """``bins`` of a calibration histogram: an int in ``[2, 2**24]`` (bins are indexed in the values' float
+    type, float32 for float32 data, whose integers are exact up to ``2**24``)."""
+    return check_int(bins, "bins", minimum=2, maximum=MAX_BINS)
+
+
 def calib_histogram_init(
     *, bins: int = 2048, num_channels: int | None = None, dtype: Any = None, device: Any = None, xp: Any
 ) -> CalibHistogram:
-    """An empty histogram state of ``bins`` bins (>= 2), per tensor or of ``num_channels`` channels.
+    """An empty histogram state of ``bins`` bins (2 to 2**24), per tensor or of ``num_channels`` channels.
 
     ``dtype`` (float32 by default) is that of the grid and range, and values are binned in it."""
-    bins = check_int(bins, "bins", minimum=2)
+    bins = check_calib_bins(bins)
     shape = () if num_channels is None else (check_int(num_channels, "num_channels", minimum=1),)
     xp = namespace_of(xp)
     dtype = xp.float32 if dtype is None else dtype

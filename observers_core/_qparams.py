@@ -41,6 +41,8 @@ def calculate_qparams(min_val: Array, max_val: Array, /, spec: QuantSpec, *, xp:
     Per-tensor (0-d) inputs give shape-(1,) results, as in torch. A NaN or infinite range gives a NaN or
     infinite scale, silently on every framework (NumPy's floating-point warnings are off here).
     """
+    if not isinstance(spec, QuantSpec):
+        raise TypeError(f"spec must be a QuantSpec (see observers_core.quant_spec), got {type(spec).__name__}")
     xp = array_namespace(min_val, max_val, xp=xp)
     with discarded_invalid(xp, over="ignore", divide="ignore"):
         return _calculate_qparams(min_val, max_val, spec, xp)

@@ -253,3 +253,16 @@ def test_averaged_range_per_tensor_stays_ordered_where_the_formula_cancels(frame
                                                  arr(np.asarray(3e38, dtype=f32)), 0.5, xp)]
     expected = (f32(-3e38) * f32(0.5) + f32(2e38) * f32(0.5), f32(-2e38) * f32(0.5) + f32(3e38) * f32(0.5))
     np.testing.assert_array_equal(np.stack(got), np.stack(expected))
+
+
+def test_calibration_bins_stop_at_two_to_the_24():
+    """Bins are indexed in the values' float type (float32 for float32 data), exact up to ``2**24``: more bins
+    are a ``ValueError`` naming ``bins`` in the core (was a MemoryError or wrong bins) and in every observer."""
+    from observers_core.adapters import _array_calibration as calibration
+
+    assert oc.calib_histogram_init(bins=2**24, xp=np).counts.shape == (2**24,)
+    with pytest.raises(ValueError, match="bins"):
+        oc.calib_histogram_init(bins=2**24 + 1, xp=np)
+    for cls in (calibration.KLObserver, calibration.MSEObserver, calibration.MixObserver):
+        with pytest.raises(ValueError, match="bins"):
+            cls(bins=2**24 + 1)

@@ -237,6 +237,13 @@ def test_qparams_of_nan_and_infinite_ranges_are_silent_and_torchs(backend, qsche
     np.testing.assert_array_equal(to_numpy(zp)[3:], ref_zp.numpy()[3:])  # (NaN -> int: platform-defined)
 
 
+@pytest.mark.parametrize("spec", [None, "qint8", ("qint8", "per_tensor_affine"), 0.5])
+def test_calculate_qparams_names_a_spec_that_is_not_a_quant_spec(spec):
+    """Anything but a ``QuantSpec`` is a ``TypeError`` naming ``spec`` (was an ``AttributeError`` on ``.eps``)."""
+    with pytest.raises(TypeError, match="spec must be a QuantSpec"):
+        oc.calculate_qparams(np.float32(-1.0), np.float32(1.0), spec)
+
+
 def test_nan_propagates_by_default_like_torch(xp):
     x = np.array([1.0, np.nan, -2.0], dtype=np.float32)
     theirs = tao.MinMaxObserver()

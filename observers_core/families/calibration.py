@@ -29,6 +29,7 @@ import numpy as np
 from .._calibration import (
     CalibHistogram,
     abs_histogram_update,
+    check_calib_bins,
     calib_histogram_edges,
     calib_histogram_init,
     calib_histogram_merge,
@@ -131,7 +132,7 @@ def make_config(
     if not 0.0 < float(percentile) <= 100.0:
         raise ValueError(f"percentile={percentile!r} is out of range; allowed: 0 < percentile <= 100")
     levels = positive_levels(spec)
-    bins = check_int(bins, "bins", minimum=2)
+    bins = check_calib_bins(bins)
     if bins < levels:
         raise ValueError(
             f"bins={bins} is smaller than the {levels} quantized levels |x| reaches with dtype={spec.dtype!r}, "
