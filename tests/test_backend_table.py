@@ -11,8 +11,6 @@ by running the installed torch.ao class here, not written down.
 from __future__ import annotations
 
 import itertools
-import os
-import sys
 import warnings
 
 import numpy as np
@@ -28,6 +26,8 @@ import torch.ao.quantization.observer as tao  # noqa: E402
 import observers_core.adapters.jax as jax_observers  # noqa: E402
 import observers_core.adapters.torch as torch_observers  # noqa: E402
 from observers_core.adapters import _array_calibration, _array_histogram, _array_lowbit, _array_observers  # noqa: E402
+
+from _adversarial_strategies import make_batch  # noqa: E402
 
 GENERIC = {
     name: getattr(module, name)
@@ -264,6 +264,8 @@ def test_a_torch_class_is_the_generic_constructor_on_torchs_base(name):
             assert default == p.default or default is p.default, p.name
 
 
+#: The arguments a class cannot be built without.
+REQUIRED = {"FixedQParamsObserver": {"scale": 0.1, "zero_point": 0}}
 #: Odd values for every constructor argument, one argument at a time (the rest at their defaults).
 ODD_VALUES = [None, True, 1.5, -1, 0, 3, "x", 2**40, float("nan")]
 #: Arguments of one framework only: the array observers' ``xp``/``device``; torch takes ``factory_kwargs``.
@@ -289,7 +291,7 @@ def test_every_argument_is_checked_alike_on_every_backend(name):
     PlaceholderObserver drift between torch and the array observers)."""
     import inspect
 
-    base = {"scale": 0.1, "zero_point": 0} if name == "FixedQParamsObserver" else {}
+    base = REQUIRED.get(name, {})
     params = [p for p in inspect.signature(GENERIC[name]).parameters.values()
               if p.kind is not p.VAR_KEYWORD and p.name not in BACKEND_ONLY]
     makers = {backend: BACKENDS[backend][0] for backend in ("numpy", "jax", "torch")}
@@ -310,8 +312,7 @@ def test_every_argument_is_checked_alike_on_every_backend(name):
 #: Constructor arguments that make a class per channel / per group (the table's defaults are per tensor).
 _GRANULAR = {"PerChannelMinMaxObserver": {"ch_axis": 1}, "MovingAveragePerChannelMinMaxObserver": {"ch_axis": 1},
              "KLObserver": PER_CH_SYM, "MSEObserver": PER_CH_SYM, "MixObserver": {**PER_CH_SYM, "ch_axis": 0},
-             "FixedQParamsObserver": {"scale": 0.1, "zero_point": 0}, "PerGroupMinMaxObserver": {"group_size": 4},
-             "PerBlockMXObserver": {"block_size": 8}}  # fmt: skip
+             "PerGroupMinMaxObserver": {"group_size": 4}, "PerBlockMXObserver": {"block_size": 8}, **REQUIRED}  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["nan", "inf", "float32_max", "subnormal", "wide"])
@@ -320,11 +321,6 @@ def test_numpy_observers_are_as_quiet_as_torchs(kind):
     NumPy's floating-point RuntimeWarnings (overflow in a range's width, invalid casts of NaN, a KL
     histogram's edges beyond float32) came from the numpy observers only (calculate_qparams,
     group_qparams, the calibration histogram's re-binning, which torch's calibration observers run too)."""
-    sys_path = os.path.join(os.path.dirname(__file__))
-    if sys_path not in sys.path:
-        sys.path.insert(0, sys_path)
-    from _adversarial_strategies import make_batch
-
     names = sorted({n for n, _ in CASES} - {"PlaceholderObserver", "NoopObserver"})
     for (backend, (make, convert)), name in itertools.product([(b, BACKENDS[b]) for b in ("numpy", "torch")], names):
         with warnings.catch_warnings():

@@ -19,8 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from .._dtypes import QScheme, QuantSpec, check_granularity
 from .._minmax import (
     MinMaxState,
@@ -71,10 +69,11 @@ class Config:
 def check_observer_args(owner: str, qscheme: QScheme, *, per_channel: bool, is_dynamic: Any, averaging: bool,
                         averaging_constant: Any = None, ch_axis: Any = None) -> float | None:
     """torch.ao's min/max observer classes' rules that :func:`~observers_core.quant_spec` does not hold, in
-    torch's order (every framework's classes check these): the qscheme's granularity is the class's; a
-    per-channel observer is not dynamic (``is_dynamic`` a bool); a moving average's ``averaging_constant`` is in ``[0, 1]``, and 1
-    when dynamic; ``ch_axis`` is an int. Returns the averaging constant (``None`` for a running range).
-    ``UnsupportedConfigError`` (torch raises ``NotImplementedError`` there), ``TypeError``, ``ValueError``."""
+    torch's order (every framework's classes check these): ``is_dynamic`` a bool; the qscheme's granularity
+    is the class's; a per-channel observer is not dynamic; a moving average's ``averaging_constant`` is in
+    ``[0, 1]``, and 1 when dynamic; ``ch_axis`` is an int. Returns the averaging constant (``None`` for a
+    running range). ``UnsupportedConfigError`` (torch raises ``NotImplementedError`` there), ``TypeError``,
+    ``ValueError``."""
     is_dynamic = check_bool(is_dynamic, "is_dynamic")
     check_granularity(qscheme, owner, per_channel=per_channel)
     if is_dynamic and per_channel:
@@ -82,8 +81,8 @@ def check_observer_args(owner: str, qscheme: QScheme, *, per_channel: bool, is_d
     constant = check_averaging_constant(averaging_constant) if averaging else None
     if averaging and is_dynamic and constant != 1:
         raise UnsupportedConfigError(f"is_dynamic=True needs averaging_constant=1 in {owner}, got {averaging_constant!r}")
-    if per_channel and (isinstance(ch_axis, (bool, np.bool_)) or not isinstance(ch_axis, (int, np.integer))):
-        raise TypeError(f"ch_axis must be an int, got {type(ch_axis).__name__} {ch_axis!r}")
+    if per_channel:
+        check_int(ch_axis, "ch_axis")
     return constant
 
 
