@@ -37,14 +37,10 @@ from functools import partial, reduce
 
 import warnings
 
-import array_api_compat.numpy as _xpn
-import array_api_compat.torch as _xpt
-import numpy as np
 import torch
 
 from observers_core import CalibHistogram
 from observers_core._dtypes import QScheme
-from observers_core._compiled import numpy_views
 from observers_core._minmax import MinMaxState, mean_of_replicas
 from observers_core._validate import INF, check_bool
 
@@ -53,44 +49,9 @@ from observers_core.families import calibration as family
 from . import _array_calibration as _base
 from ._catalog import constructor_on
 from ._torch_distributed import merge_keys
-from ._torch_minmax import (
-    UniformQuantizationObserverBase, all_or_nothing, factory_kwargs_of, to_core_dtype, to_core_qscheme,
-)
+from ._torch_backend import TORCH, to_core_dtype, to_core_qscheme
+from ._torch_minmax import UniformQuantizationObserverBase, all_or_nothing
 
-
-def _tree_map(fn, tree):
-    """``fn`` applied to every array in ``tree`` (tuples and NamedTuples kept as they are)."""
-    if isinstance(tree, tuple):
-        mapped = [_tree_map(fn, t) for t in tree]
-        return type(tree)(*mapped) if hasattr(tree, "_fields") else tuple(mapped)
-    return fn(tree) if isinstance(tree, (torch.Tensor, np.ndarray, np.generic)) else tree
-
-
-def _leaves(tree) -> list:
-    if isinstance(tree, tuple):
-        return [leaf for t in tree for leaf in _leaves(t)]
-    return [tree]
-
-
-def _run(fn, *args, **kwargs):
-    """``fn(*args, xp=...)`` of the array module. torch CPU tensors go through their zero-copy NumPy views
-    when the compiled kernels are on (NumPy's small-array operations cost a fraction of torch's; the
-    results are the NumPy observers', which equal torch's bit for bit: tests/test_calibration_recorded.py)
-    and come back as tensors; anything else runs on torch."""
-    tensors = [t for t in _leaves(args) if isinstance(t, torch.Tensor)]
-    views = numpy_views(_xpt, *tensors)
-    if views is None:
-        return fn(*args, xp=_xpt, **kwargs)
-    view_of = {id(t): v for t, v in zip(tensors, views)}
-    out = fn(*_tree_map(lambda t: view_of.get(id(t), t), args), xp=_xpn, **kwargs)
-    return _tree_map(_as_tensor, out)
-
-
-def _as_tensor(a) -> torch.Tensor:
-    """A NumPy result as a tensor sharing its memory (``torch.from_numpy``: a third of ``torch.as_tensor``'s
-    cost; read-only arrays, which it would warn about, go through ``as_tensor``)."""
-    a = np.asarray(a)
-    return torch.from_numpy(a) if a.flags.writeable else torch.as_tensor(a)
 
 __all__ = list(_base.__all__)
 
@@ -144,7 +105,7 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
         self.ch_axis = int(ch_axis)
         self.averaging_constant = config.averaging_constant
         self.last_choice: torch.Tensor | None = None
-        factory_kwargs = factory_kwargs_of(factory_kwargs)
+        factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
         if per_channel:
             self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
             self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
@@ -155,7 +116,7 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
     per_channel = property(lambda self: self._PER_CHANNEL, doc="Whether ``ch_axis >= 0`` (per channel).")
 
     def _compute_batch(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> tuple:
-        return _run(family.batch_update, state, x, axis=axis, config=self.config, collective=collective)
+        return TORCH.run(family.batch_update, state, x, axis=axis, config=self.config, collective=collective)
 
     # -- qparams and state ---------------------------------------------------------------------
     def calculate_qparams(self):  # type: ignore[override]
@@ -192,7 +153,7 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
 
 
 def _kl_step(state, acc, x, *, axis, config, update, collective, xp):
-    """KLObserver's batch in one :func:`_run`: ``kl_accumulate``, then (``update``) ``kl_update``."""
+    """KLObserver's batch in one ``TORCH.run``: ``kl_accumulate``, then (``update``) ``kl_update``."""
     acc = family.kl_accumulate(acc, x, axis=axis, xp=xp, collective=collective)
     return acc, (family.kl_update(state, acc, config=config, xp=xp) if update else None)
 
@@ -211,7 +172,7 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
 
     def _merge_replicas(self, states):
         """sync_observers: the mean of the averaged ranges, and ``kl_merge`` of the accumulators (exact)."""
-        acc = merge_keys(states, _ACC_BUFFERS, partial(reduce, lambda a, b: _run(family.kl_merge, a, b)),
+        acc = merge_keys(states, _ACC_BUFFERS, partial(reduce, lambda a, b: TORCH.run(family.kl_merge, a, b)),
                          wrap=lambda *v: family.KLAccumulator(CalibHistogram(*v[:5]), MinMaxState(*v[5:])))  # fmt: skip
         return {**super()._merge_replicas(states), **acc}
 
@@ -231,11 +192,11 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
             self._buffers[name] = value
 
     def _new_accumulator(self, x: torch.Tensor, num_channels: int | None) -> family.KLAccumulator:
-        return family.kl_init(num_channels, bins=self.config.bins, device=x.device, xp=_xpt)
+        return family.kl_init(num_channels, bins=self.config.bins, device=x.device, xp=TORCH.xp)
 
     def _kl_batch(self, state, acc, x, axis, kl_due, collective):
-        """Both steps in one :func:`_run` (one pass to NumPy views and back)."""
-        return _run(_kl_step, state, acc, x, axis=axis, config=self.config, update=kl_due, collective=collective)
+        """Both steps in one ``TORCH.run`` (one pass to NumPy views and back)."""
+        return TORCH.run(_kl_step, state, acc, x, axis=axis, config=self.config, update=kl_due, collective=collective)
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""``calculate_qparams(min_val, max_val)`` of the averaged KL range; before the first KL update a

@@ -44,7 +44,6 @@ from functools import partial, reduce
 import math
 import warnings
 
-import array_api_compat.torch as _NS
 import torch
 
 from observers_core._histogram import HistogramState, histogram
@@ -57,15 +56,8 @@ from observers_core.families import histogram as family
 from . import _array_histogram
 from ._catalog import constructor_on
 from ._torch_distributed import merge_keys
-from ._torch_minmax import (
-    all_or_nothing,
-    as_torch_entries,
-    UniformQuantizationObserverBase,
-    checked_input,
-    factory_kwargs_of,
-    to_core_dtype,
-    to_core_qscheme,
-)
+from ._torch_backend import TORCH, to_core_dtype, to_core_qscheme
+from ._torch_minmax import UniformQuantizationObserverBase, all_or_nothing
 
 __all__ = ["HistogramObserver", "default_histogram_observer"]
 
@@ -106,7 +98,7 @@ class _HistogramObserver(UniformQuantizationObserverBase):
             dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max,
             factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **kwargs,
         )
-        factory_kwargs = factory_kwargs_of(factory_kwargs)
+        factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
         self.bins = bins
         self.register_buffer("histogram", torch.zeros(bins, **factory_kwargs))
         self.register_buffer("min_val", torch.tensor(INF, **factory_kwargs))
@@ -150,7 +142,7 @@ class _HistogramObserver(UniformQuantizationObserverBase):
         return self._observe_input(x_orig)
 
     def _check_input(self, x_orig) -> torch.Tensor:
-        return checked_input(x_orig, self._buffers["histogram"])
+        return TORCH.checked_input(x_orig, self._buffers["histogram"])
 
     def _observe(self, state: HistogramState, x: torch.Tensor, axis: None, collective) -> None:
         new, nonfinite = family.update_counting(self._config(), state, x, collective=collective)
@@ -166,7 +158,7 @@ class _HistogramObserver(UniformQuantizationObserverBase):
         r"""Sets ``min_val``/``max_val`` and ``histogram = histc(x, bins, min_val, max_val)`` (torch's first
         batch; values outside the range, NaN and inf are not counted). ``min_val <= max_val``, one value
         each, else ``ValueError`` with the buffers untouched."""
-        x = checked_input(x, self._buffers["histogram"])
+        x = TORCH.checked_input(x, self._buffers["histogram"])
         self._read_state()  # checks the buffer against bins
         bounds = []
         for name, value in (("min_val", min_val), ("max_val", max_val)):
@@ -179,7 +171,7 @@ class _HistogramObserver(UniformQuantizationObserverBase):
         lo_f, hi_f = torch.stack(bounds).tolist()
         if not (math.isfinite(lo_f) and math.isfinite(hi_f) and lo_f <= hi_f):
             raise ValueError(f"min_val={lo_f} and max_val={hi_f} must be finite with min_val <= max_val")
-        self._write_state(HistogramState(histogram(x, bins=self.bins, lo=lo, hi=hi, xp=_NS), lo, hi))
+        self._write_state(HistogramState(histogram(x, bins=self.bins, lo=lo, hi=hi, xp=TORCH.xp), lo, hi))
 
     # -- qparams -------------------------------------------------------------------------------------
     def _get_norm(self, delta_begin: torch.Tensor, delta_end: torch.Tensor, density: torch.Tensor) -> torch.Tensor:
@@ -191,13 +183,13 @@ class _HistogramObserver(UniformQuantizationObserverBase):
         r"""torch's helper: the L2 error of quantizing bins ``next_start_bin .. next_end_bin`` onto
         ``dst_nbins`` levels (:func:`observers_core.quantization_error`), as a Python float."""
         state = self._read_state()
-        return float(quantization_error(*state, next_start_bin, next_end_bin, dst_nbins=self.dst_nbins, xp=_NS))
+        return float(quantization_error(*state, next_start_bin, next_end_bin, dst_nbins=self.dst_nbins, xp=TORCH.xp))
 
     def _non_linear_param_search(self) -> tuple[torch.Tensor, torch.Tensor]:
         r"""``(new_min, new_max)`` of torch's greedy L2 search over the histogram
         (:func:`observers_core.non_linear_param_search` with ``dst_nbins`` levels), as 0-d float32 tensors."""
         state = self._read_state()
-        return non_linear_param_search(*state, dst_nbins=self.dst_nbins, xp=_NS)
+        return non_linear_param_search(*state, dst_nbins=self.dst_nbins, xp=TORCH.xp)
 
     @torch.compiler.disable
     def calculate_qparams(self):  # type: ignore[override]
@@ -218,7 +210,7 @@ class _HistogramObserver(UniformQuantizationObserverBase):
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
         version = local_metadata.get("version", None)
-        as_torch_entries(state_dict, prefix, ("histogram", "min_val", "max_val", "eps"))  # NumPy/JAX/CuPy entries
+        TORCH.entries(state_dict, prefix, ("histogram", "min_val", "max_val", "eps"))  # NumPy/JAX/CuPy entries
         keys = {name: prefix + name for name in ("histogram", "min_val", "max_val")}
         if version is None or version < 3:
             # before version 3, never-updated min_val/max_val had shape (0,)

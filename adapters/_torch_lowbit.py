@@ -40,7 +40,8 @@ from observers_core._validate import check_bool
 
 from ._array_observers import ObserveLoop
 from ._torch_distributed import SyncMixin
-from ._torch_minmax import TORCH_XP, ObserverBase, all_or_nothing, as_torch_entries, checked_input, factory_kwargs_of
+from ._torch_backend import TORCH
+from ._torch_minmax import ObserverBase, all_or_nothing
 from ._torch_pt2e import link_torchao, pt2e_observer
 
 __all__ = list(_base.__all__)
@@ -95,7 +96,7 @@ class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
         spec = lowbit_family.make_spec(type(self).__name__, self._FAMILY, _dtype_name(dtype), **layout)
         ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
         is_dynamic = check_bool(is_dynamic, "is_dynamic")
-        factory_kwargs = factory_kwargs_of(factory_kwargs)
+        factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
         super().__init__(dtype=spec.dtype, is_dynamic=is_dynamic)
         self.spec = spec
         self.ignore_nonfinite = ignore_nonfinite
@@ -110,7 +111,7 @@ class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
         return self._observe_input(x_orig)
 
     def _check_input(self, x_orig) -> torch.Tensor:
-        x = checked_input(x_orig, self._buffers["min_val"])
+        x = TORCH.checked_input(x_orig, self._buffers["min_val"])
         lowbit_family.check_axis(x, self.spec)
         return x
 
@@ -124,7 +125,7 @@ class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
         return None if self.is_dynamic else state  # the device is checked with the input
 
     def _compute_update(self, state: MinMaxState | None, x: torch.Tensor, axis: None, collective) -> MinMaxState:
-        return lowbit_family.observe(state, x, spec=self.spec, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH_XP,
+        return lowbit_family.observe(state, x, spec=self.spec, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH.fast_xp,
                                      collective=collective)  # fmt: skip
 
     def _write_state(self, state: MinMaxState) -> None:
@@ -152,19 +153,19 @@ class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
         state = self._read_state()
         if state is None:
             warnings.warn(lowbit_family.UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
-            state = lowbit_family.unobserved_state(TORCH_XP, self.min_val.device)
-        return lowbit_qparams(state, self.spec, xp=TORCH_XP)
+            state = lowbit_family.unobserved_state(TORCH.fast_xp, self.min_val.device)
+        return lowbit_qparams(state, self.spec, xp=TORCH.fast_xp)
 
     def fake_quantize(self, x_orig: torch.Tensor) -> torch.Tensor:
         r"""Quantize-dequantize ``x`` with :meth:`calculate_qparams` (``lowbit_fake_quantize``; ``x`` must
         fit the statistics' shape). Output dtype: ``x``'s floating dtype (float32 for integers)."""
         state = self._read_state()
-        x = checked_input(x_orig, self.min_val)
+        x = TORCH.checked_input(x_orig, self.min_val)
         lowbit_family.check_axis(x, self.spec)
         if state is None:
             raise RuntimeError(f"{type(self).__name__}.fake_quantize needs observed statistics; call the observer on data first")
         lowbit_family.check_fake_quantize_input(x, state, self.spec)
-        return lowbit_fake_quantize(x, lowbit_qparams(state, self.spec, xp=TORCH_XP), self.spec, xp=TORCH_XP)
+        return lowbit_fake_quantize(x, lowbit_qparams(state, self.spec, xp=TORCH.fast_xp), self.spec, xp=TORCH.fast_xp)
 
     def reset_min_max_vals(self):
         """Empties the buffers (float32, device kept), as before the first batch."""
@@ -176,7 +177,7 @@ class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
-        as_torch_entries(state_dict, prefix, ("min_val", "max_val"))  # NumPy/JAX/CuPy entries as tensors
+        TORCH.entries(state_dict, prefix, ("min_val", "max_val"))  # NumPy/JAX/CuPy entries as tensors
         lo, hi = state_dict.get(prefix + "min_val"), state_dict.get(prefix + "max_val")
         if isinstance(lo, torch.Tensor) and isinstance(hi, torch.Tensor):
             # everything checked before any buffer changes; then buffers of the saved shape and dtype

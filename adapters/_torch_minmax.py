@@ -1,16 +1,12 @@
-"""The min/max family of the torch adapter, and the torch-specific pieces the other families build on
-(imported by :mod:`observers_core.adapters.torch`, which is the public module)."""
+"""The min/max family of the torch adapter and the torch bases the other families build on (the tensors
+themselves are :mod:`._torch_backend`'s; imported by :mod:`observers_core.adapters.torch`, the public module)."""
 
 from __future__ import annotations
 
 import functools
-import types
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any
 
-import array_api_compat.torch as _compat_torch
 import torch
 from torch.ao.quantization import observer as _torch_observer
 
@@ -23,16 +19,16 @@ from .. import (
     quant_spec,
     validate_qmin_qmax,
 )
-from .._dtypes import parse_dtype
 from .._minmax import mean_of_replicas
 from .._qparams import UNINITIALIZED_WARNING
 from .._fixed import check_fixed_observer, check_fixed_qparams
-from .._state_dict import check_minmax_entries, host_array
+from .._state_dict import check_minmax_entries
 from .._validate import INF, check_bool, check_channel_count, check_float
 from ..families import minmax as minmax_family
 from . import _array_observers as _base
 from ._array_observers import ObserveLoop
 from ._catalog import constructor_on
+from ._torch_backend import TORCH, TORCH_DTYPES, TORCH_QSCHEMES, to_core_dtype, to_core_qscheme
 from ._torch_distributed import SyncMixin
 from ._torch_pt2e import link_torchao, pt2e_observer
 
@@ -73,56 +69,7 @@ __all__ = [
 ObserverBase = _torch_observer.ObserverBase
 
 
-def _make_namespace() -> types.ModuleType:
-    """The array-API namespace handed to the core: ``array_api_compat.torch``, built once, with its
-    ``minimum``/``maximum``/``where`` wrappers replaced by the torch functions they wrap.
-
-    The wrappers only adjust type promotion when the operands' dtypes differ, and cost several
-    microseconds per call (a third of a 4k-element update). The core's calls made from here have
-    operands of one dtype (the batch range is cast to the buffer dtype first), except for the float32
-    0-d ``eps`` against float32/float64 scales in ``calculate_qparams``, where torch's promotion and
-    the array API's agree (float64 wins). The parity tests cover both buffer dtypes.
-    """
-    xp = types.ModuleType(_compat_torch.__name__, _compat_torch.__doc__)
-    xp.__dict__.update(vars(_compat_torch))
-    xp.minimum, xp.maximum, xp.where = torch.minimum, torch.maximum, torch.where
-    return xp
-
-
-TORCH_XP = _make_namespace()
-
 _FLOAT32_EPS = torch.finfo(torch.float32).eps
-
-_TORCH_DTYPES: dict[str, torch.dtype] = {
-    "qint8": torch.qint8,
-    "quint8": torch.quint8,
-    "quint4x2": torch.quint4x2,
-    "qint32": torch.qint32,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "int16": torch.int16,
-    "uint16": torch.uint16,
-    "int32": torch.int32,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "float8_e5m2": torch.float8_e5m2,
-}
-_DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in _TORCH_DTYPES.items()}
-
-_TORCH_QSCHEMES: dict[QScheme, torch.qscheme] = {
-    QScheme.PER_TENSOR_AFFINE: torch.per_tensor_affine,
-    QScheme.PER_TENSOR_SYMMETRIC: torch.per_tensor_symmetric,
-    QScheme.PER_CHANNEL_AFFINE: torch.per_channel_affine,
-    QScheme.PER_CHANNEL_SYMMETRIC: torch.per_channel_symmetric,
-    QScheme.PER_CHANNEL_AFFINE_FLOAT_QPARAMS: torch.per_channel_affine_float_qparams,
-}
-_QSCHEMES: dict[torch.qscheme, QScheme] = {v: k for k, v in _TORCH_QSCHEMES.items()}
-
-# Input dtypes reduced as they are (the cast to the buffer dtype comes after the reduction, which is
-# exact because rounding is monotone); any other real dtype is cast first, as torch does.
-_NATIVE_INPUT_DTYPES = frozenset(
-    {torch.float32, torch.float64, torch.float16, torch.bfloat16,
-     torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64}
-)
 
 
 def all_or_nothing(load):
@@ -150,53 +97,6 @@ def all_or_nothing(load):
 
     return guarded
 
-
-def to_core_dtype(dtype: Any, *, name: str = "dtype") -> str:
-    """The core's name of a quantized dtype: ``torch.qint8`` -> ``"qint8"``; names pass through."""
-    if isinstance(dtype, torch.dtype):
-        if dtype in _DTYPE_NAMES:
-            return _DTYPE_NAMES[dtype]
-        raise ValueError(
-            f"{name}={dtype} is not a supported quantized dtype; allowed: "
-            + ", ".join(str(d) for d in _TORCH_DTYPES.values())
-            + " (or their names)"
-        )
-    return parse_dtype(dtype, name=name)
-
-
-def to_core_qscheme(qscheme: Any, *, name: str = "qscheme") -> QScheme:
-    """The core's :class:`QScheme` of ``torch.per_tensor_affine`` etc.; names and members pass through."""
-    if isinstance(qscheme, torch.qscheme):
-        return _QSCHEMES[qscheme]
-    return QScheme.parse(qscheme, name=name)
-
-
-def factory_kwargs_of(factory_kwargs: Any) -> dict:
-    """``torch.nn.factory_kwargs(factory_kwargs)`` after checking that ``factory_kwargs`` is ``None`` or a dict
-    (``ValueError`` naming it, as the array observers raise, where torch's function raises ``AttributeError``)."""
-    if factory_kwargs is not None and not isinstance(factory_kwargs, Mapping):
-        raise ValueError(f"factory_kwargs={factory_kwargs!r} is not supported; allowed: None or a dict such as "
-                         "{'device': ..., 'dtype': ...}")  # fmt: skip
-    return torch.nn.factory_kwargs(factory_kwargs)
-
-
-def checked_input(x_orig: Any, buffer: torch.Tensor) -> torch.Tensor:
-    """``x_orig`` detached, after the checks that keep ``buffer`` valid (nothing is modified):
-    a real dtype (other than the natively reduced ones: cast to the buffer dtype, as torch does)
-    on the buffer's device."""
-    if not isinstance(x_orig, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x_orig).__name__}")
-    x = x_orig.detach()
-    if x.device != buffer.device:
-        raise ValueError(
-            f"x is on device {x.device} but the observer's buffers are on {buffer.device}; "
-            "move the observer with .to(device)"
-        )
-    if x.dtype not in _NATIVE_INPUT_DTYPES:
-        if x.dtype == torch.bool or x.dtype.is_complex or x.is_quantized:
-            raise TypeError(f"x must hold real floating or integer values, got dtype {x.dtype}")
-        x = x.to(buffer.dtype)
-    return x
 
 
 @pt2e_observer
@@ -257,9 +157,9 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
             eps=eps,
         )
         ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
-        factory_kwargs = factory_kwargs_of(factory_kwargs)
-        super().__init__(dtype=_TORCH_DTYPES[spec.dtype], is_dynamic=is_dynamic, **kwargs)
-        self.qscheme = _TORCH_QSCHEMES[spec.qscheme]
+        factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
+        super().__init__(dtype=TORCH_DTYPES[spec.dtype], is_dynamic=is_dynamic, **kwargs)
+        self.qscheme = TORCH_QSCHEMES[spec.qscheme]
         if reduce_range:
             warnings.warn(
                 "Please use quant_min and quant_max to specify the range for observers. \
@@ -307,7 +207,7 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
             warnings.warn(
                 "some channels have seen no finite value; they get scale 1 and zero point 0", stacklevel=3
             )
-        scale, zero_point = calculate_qparams(min_val, max_val, self._quant_spec(), xp=TORCH_XP)
+        scale, zero_point = calculate_qparams(min_val, max_val, self._quant_spec(), xp=TORCH.fast_xp)
         return scale, zero_point
 
     @staticmethod
@@ -338,7 +238,7 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
         become tensors, and ``eps``/``min_val``/``max_val`` pass the checks every adapter applies
         (:func:`observers_core._state_dict.check_minmax_entries`); ``ValueError``/``TypeError``
         otherwise, with the buffers untouched."""
-        keys = as_torch_entries(state_dict, prefix, ("eps", "min_val", "max_val"))
+        keys = TORCH.entries(state_dict, prefix, ("eps", "min_val", "max_val"))
         if all(key in state_dict for key in keys):
             check_minmax_entries(
                 *(state_dict[key] for key in keys), per_channel=self.min_val.ndim == 1, owner=type(self).__name__,
@@ -355,7 +255,7 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
         return self._observe_input(x_orig)
 
     def _check_input(self, x_orig) -> torch.Tensor:
-        return checked_input(x_orig, self._buffers["min_val"])
+        return TORCH.checked_input(x_orig, self._buffers["min_val"])
 
     def _read_state(self) -> MinMaxState | None:
         """The buffers as the state (``None``: the empty per-channel buffers before the first batch)."""
@@ -365,7 +265,7 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
 
     def _new_state(self, x: torch.Tensor, channels: int | None) -> MinMaxState:
         like = self._buffers["min_val"]
-        return minmax_init(num_channels=channels, dtype=like.dtype, device=like.device, xp=TORCH_XP)
+        return minmax_init(num_channels=channels, dtype=like.dtype, device=like.device, xp=TORCH.fast_xp)
 
     def _check_fits(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> None:
         if axis is not None:  # (the device is checked with the input)
@@ -401,7 +301,7 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
             x, axis = x.permute(dims), 0
         return minmax_family.step(
             state, x, axis=axis, averaging_constant=self.averaging_constant if self._AVERAGING else None,
-            ignore_nonfinite=self.ignore_nonfinite, collective=collective, xp=TORCH_XP,
+            ignore_nonfinite=self.ignore_nonfinite, collective=collective, xp=TORCH.fast_xp,
         )
 
     def reset_min_max_vals(self):
@@ -437,7 +337,7 @@ class _MinMaxFamily(UniformQuantizationObserverBase):
             factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **kwargs,
         )
         minmax_family.check_reduce_range(self._quant_spec(), reduce_range, owner)
-        factory_kwargs = factory_kwargs_of(factory_kwargs)
+        factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
         if per_channel:
             self.ch_axis = int(ch_axis)
         self.register_buffer("min_val", torch.tensor([] if per_channel else INF, **factory_kwargs))
@@ -535,16 +435,6 @@ MovingAveragePerChannelMinMaxObserver = _public(_base.MovingAveragePerChannelMin
 # placeholders, ``_is_reuse_input_qconfig``) recognise them too.
 
 
-def as_torch_entries(state_dict, prefix: str, names) -> list[str]:
-    """The state-dict entries ``prefix + name`` that are arrays of another framework (NumPy, JAX, CuPy,
-    array_api_strict) replaced by tensors, so torch's loading takes them; returns the keys."""
-    keys = [prefix + name for name in names]
-    for key in keys:
-        if key in state_dict and not isinstance(state_dict[key], torch.Tensor):
-            state_dict[key] = torch.as_tensor(host_array(state_dict[key], key.removeprefix(prefix)))
-    return keys
-
-
 @pt2e_observer
 class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
     r"""Returns the fixed ``(scale, zero_point)`` it was built with; ``forward`` only passes ``x`` on.
@@ -571,7 +461,7 @@ class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
             quant_max=quant_max, is_dynamic=is_dynamic,
         )
         super().__init__(
-            float(scale[0]), int(zero_point[0]), dtype=_TORCH_DTYPES[spec.dtype], qscheme=_TORCH_QSCHEMES[spec.qscheme],
+            float(scale[0]), int(zero_point[0]), dtype=TORCH_DTYPES[spec.dtype], qscheme=TORCH_QSCHEMES[spec.qscheme],
             quant_min=spec.quant_min, quant_max=spec.quant_max, is_dynamic=False, **kwargs,
         )
 
@@ -582,7 +472,7 @@ class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
         """``scale`` and ``zero_point`` from any framework's arrays, checked before anything changes
         (:func:`observers_core._state_dict.check_fixed_qparams`; an entry that is missing is checked as
         the buffer it leaves in place)."""
-        scale_key, zp_key = as_torch_entries(state_dict, prefix, ("scale", "zero_point"))
+        scale_key, zp_key = TORCH.entries(state_dict, prefix, ("scale", "zero_point"))
         if scale_key in state_dict or zp_key in state_dict:
             check_fixed_qparams(state_dict.get(scale_key, self.scale), state_dict.get(zp_key, self.zero_point),
                                 self.quant_min, self.quant_max, loaded=True)

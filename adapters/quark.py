@@ -80,7 +80,6 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import array_api_compat.torch as _xpt
 import torch
 
 from observers_core._minmax import MinMaxState
@@ -88,6 +87,7 @@ from observers_core._minmax import MinMaxState
 from observers_core.families import calibration as calibration_family
 
 from . import adopt_public_names
+from ._torch_backend import TORCH
 from .torch import (
     HistogramObserver,
     KLObserver,
@@ -427,8 +427,8 @@ class _AccumulatedSearch(_QuarkMinMax, KLObserver):
     def _searched_range(self) -> MinMaxState:
         """The accumulated range clipped to ``[-amax, amax]``, ``amax`` searched on the accumulated histogram."""
         acc = self.accumulator
-        amax = calibration_family.search_amax(self._SEARCH, acc.hist, self.config, _xpt)
-        return MinMaxState(*calibration_family.clip_range(acc.seen.min_val, acc.seen.max_val, amax, _xpt))
+        amax = calibration_family.search_amax(self._SEARCH, acc.hist, self.config, TORCH.xp)
+        return MinMaxState(*calibration_family.clip_range(acc.seen.min_val, acc.seen.max_val, amax, TORCH.xp))
 
     def _load_synced(self, merged) -> None:
         """sync_observers: the merged accumulator (exact), then the range searched on it (not the mean

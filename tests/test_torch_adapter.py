@@ -50,9 +50,9 @@ def test_classes_and_presets_cover_torch():
         assert issubclass(cls, tobs.ObserverBase), name
         assert cls is not getattr(tobs, name), name
     assert {"get_observer_state_dict", "load_observer_state_dict"} <= set(ours.__all__)
-    from observers_core.adapters import _torch_minmax
+    from observers_core.adapters._torch_backend import TORCH_DTYPES
 
-    assert set(_torch_minmax._TORCH_DTYPES) == set(__import__("observers_core").QUANT_DTYPES)
+    assert set(TORCH_DTYPES) == set(__import__("observers_core").QUANT_DTYPES)
 
 
 @pytest.mark.parametrize("name", sorted(
