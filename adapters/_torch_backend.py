@@ -8,8 +8,8 @@ torch's presets) call it through the one instance :data:`TORCH`:
 - ``xp``: ``array_api_compat.torch``, the namespace the core's functions get; ``fast_xp``: the same with
   torch's own ``minimum``/``maximum``/``where`` (:func:`_fast_namespace`), for the min/max and low-bit steps;
 - ``checked_input(x, like)``: ``x`` detached, real, on ``like``'s device, other dtypes cast as torch does;
-- ``run(fn, *args, **kwargs)``: ``fn(*args, xp=..., **kwargs)``, CPU tensors through zero-copy NumPy views
-  when the compiled kernels are on;
+- ``run(fn, *args, xp=..., **kwargs)``: ``fn(*args, xp=xp, **kwargs)`` as every backend runs it, except that
+  CPU tensors go through zero-copy NumPy views (and ``xp`` becomes NumPy's) when the compiled kernels are on;
 - ``entries(state_dict, prefix, names)``: another framework's state-dict arrays as tensors;
 - ``factory_kwargs(factory_kwargs)``: torch's ``factory_kwargs``, checked;
 - :func:`to_core_dtype`/:func:`to_core_qscheme` and :data:`TORCH_DTYPES`/:data:`TORCH_QSCHEMES`: torch's
@@ -162,15 +162,15 @@ class TorchBackend(Backend):
     def place(self, host: np.ndarray, dtype: Any, like: Any = None, device: Any = None) -> torch.Tensor:
         return torch.as_tensor(host, dtype=dtype, device=like.device if like is not None else device)
 
-    def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, xp=..., **kwargs)``. CPU tensors go through their zero-copy NumPy views when the
-        compiled kernels are on (NumPy's small-array operations cost a fraction of torch's; the results are
-        the NumPy observers', which equal torch's bit for bit: tests/test_calibration_recorded.py) and come
-        back as tensors; anything else runs on torch."""
+    def run(self, fn: Callable[..., Any], /, *args: Any, xp: Any, **kwargs: Any) -> Any:
+        """``fn(*args, xp=xp, **kwargs)`` (``xp``: a torch namespace, ``self.xp`` or ``self.fast_xp``). CPU tensors
+        go through their zero-copy NumPy views, with NumPy's namespace, when the compiled kernels are on
+        (NumPy's small-array operations cost a fraction of torch's; the results are the NumPy observers',
+        which equal torch's bit for bit: tests/test_calibration_recorded.py) and come back as tensors."""
         tensors = [t for t in _leaves(args) if isinstance(t, torch.Tensor)]
         views = numpy_views(self.xp, *tensors)
         if views is None:
-            return fn(*args, xp=self.xp, **kwargs)
+            return fn(*args, xp=xp, **kwargs)
         view_of = {id(t): v for t, v in zip(tensors, views)}
         out = fn(*_tree_map(lambda t: view_of.get(id(t), t), args), xp=_numpy_xp, **kwargs)
         return _tree_map(_as_tensor, out)

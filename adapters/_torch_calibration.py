@@ -116,7 +116,8 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
     per_channel = property(lambda self: self._PER_CHANNEL, doc="Whether ``ch_axis >= 0`` (per channel).")
 
     def _compute_batch(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> tuple:
-        return TORCH.run(family.batch_update, state, x, axis=axis, config=self.config, collective=collective)
+        return TORCH.run(family.batch_update, state, x, axis=axis, config=self.config, xp=TORCH.xp,
+                         collective=collective)
 
     # -- qparams and state ---------------------------------------------------------------------
     def calculate_qparams(self):  # type: ignore[override]
@@ -172,7 +173,8 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
 
     def _merge_replicas(self, states):
         """sync_observers: the mean of the averaged ranges, and ``kl_merge`` of the accumulators (exact)."""
-        acc = merge_keys(states, _ACC_BUFFERS, partial(reduce, lambda a, b: TORCH.run(family.kl_merge, a, b)),
+        merge = partial(TORCH.run, family.kl_merge, xp=TORCH.xp)
+        acc = merge_keys(states, _ACC_BUFFERS, partial(reduce, merge),
                          wrap=lambda *v: family.KLAccumulator(CalibHistogram(*v[:5]), MinMaxState(*v[5:])))  # fmt: skip
         return {**super()._merge_replicas(states), **acc}
 
@@ -196,7 +198,8 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
 
     def _kl_batch(self, state, acc, x, axis, kl_due, collective):
         """Both steps in one ``TORCH.run`` (one pass to NumPy views and back)."""
-        return TORCH.run(_kl_step, state, acc, x, axis=axis, config=self.config, update=kl_due, collective=collective)
+        return TORCH.run(_kl_step, state, acc, x, axis=axis, config=self.config, update=kl_due, xp=TORCH.xp,
+                         collective=collective)
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""``calculate_qparams(min_val, max_val)`` of the averaged KL range; before the first KL update a
