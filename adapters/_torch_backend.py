@@ -8,8 +8,8 @@ torch's presets) call it through the one instance :data:`TORCH`:
 - ``xp``: ``array_api_compat.torch``, the namespace the core's functions get; ``fast_xp``: the same with
   torch's own ``minimum``/``maximum``/``where`` (:func:`_fast_namespace`), for the min/max and low-bit steps;
 - ``checked_input(x, like)``: ``x`` detached, real, on ``like``'s device, other dtypes cast as torch does;
-- ``run(fn, *args, xp=..., **kwargs)``: ``fn(*args, xp=xp, **kwargs)`` as every backend runs it, except that
-  CPU tensors go through zero-copy NumPy views (and ``xp`` becomes NumPy's) when the compiled kernels are on;
+- ``run(fn, *args, **static)``: ``fn(*args, **static)`` as every backend runs it, except that CPU tensors go
+  through zero-copy NumPy views (and an ``xp`` keyword becomes NumPy's) when the compiled kernels are on;
 - ``entries(state_dict, prefix, names)``: another framework's state-dict arrays as tensors;
 - ``factory_kwargs(factory_kwargs)``: torch's ``factory_kwargs``, checked;
 - :func:`to_core_dtype`/:func:`to_core_qscheme` and :data:`TORCH_DTYPES`/:data:`TORCH_QSCHEMES`: torch's
@@ -162,17 +162,20 @@ class TorchBackend(Backend):
     def place(self, host: np.ndarray, dtype: Any, like: Any = None, device: Any = None) -> torch.Tensor:
         return torch.as_tensor(host, dtype=dtype, device=like.device if like is not None else device)
 
-    def run(self, fn: Callable[..., Any], /, *args: Any, xp: Any, **kwargs: Any) -> Any:
-        """``fn(*args, xp=xp, **kwargs)`` (``xp``: a torch namespace, ``self.xp`` or ``self.fast_xp``). CPU tensors
-        go through their zero-copy NumPy views, with NumPy's namespace, when the compiled kernels are on
-        (NumPy's small-array operations cost a fraction of torch's; the results are the NumPy observers',
-        which equal torch's bit for bit: tests/test_calibration_recorded.py) and come back as tensors."""
+    def run(self, fn: Callable[..., Any], /, *args: Any, **static: Any) -> Any:
+        """``fn(*args, **static)``, as every backend runs it, except that CPU tensors go through their
+        zero-copy NumPy views (and an ``xp`` keyword becomes NumPy's namespace) when the compiled kernels are
+        on: NumPy's small-array operations cost a fraction of torch's, and the results, the NumPy
+        observers', equal torch's bit for bit (tests/test_calibration_recorded.py); they come back as
+        tensors."""
         tensors = [t for t in _leaves(args) if isinstance(t, torch.Tensor)]
         views = numpy_views(self.xp, *tensors)
         if views is None:
-            return fn(*args, xp=xp, **kwargs)
+            return fn(*args, **static)
+        if "xp" in static:
+            static = {**static, "xp": _numpy_xp}
         view_of = {id(t): v for t, v in zip(tensors, views)}
-        out = fn(*_tree_map(lambda t: view_of.get(id(t), t), args), xp=_numpy_xp, **kwargs)
+        out = fn(*_tree_map(lambda t: view_of.get(id(t), t), args), **static)
         return _tree_map(_as_tensor, out)
 
     @staticmethod
