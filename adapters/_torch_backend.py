@@ -12,8 +12,8 @@ torch's presets) call it through the one instance :data:`TORCH`:
   through zero-copy NumPy views (and an ``xp`` keyword becomes NumPy's) when the compiled kernels are on;
 - ``entries(state_dict, prefix, names)``: another framework's state-dict arrays as tensors;
 - ``factory_kwargs(factory_kwargs)``: torch's ``factory_kwargs``, checked;
-- :func:`to_core_dtype`/:func:`to_core_qscheme` and :data:`TORCH_DTYPES`/:data:`TORCH_QSCHEMES`: torch's
-  dtype and qscheme objects and the core's names.
+- :func:`to_core_dtype`/:func:`to_core_qscheme`/:func:`to_lowbit_dtype` and
+  :data:`TORCH_DTYPES`/:data:`TORCH_QSCHEMES`: torch's dtype and qscheme objects and the core's names.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from observers_core._state_dict import host_array
 
 from ._backend import Backend
 
-__all__ = ["TORCH", "TORCH_DTYPES", "TORCH_QSCHEMES", "TorchBackend", "to_core_dtype", "to_core_qscheme"]
+__all__ = ["TORCH", "TORCH_DTYPES", "TORCH_QSCHEMES", "TorchBackend", "to_core_dtype", "to_core_qscheme",
+           "to_lowbit_dtype"]
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "qint8": torch.qint8,
@@ -85,6 +86,30 @@ def to_core_qscheme(qscheme: Any, *, name: str = "qscheme") -> QScheme:
     if isinstance(qscheme, torch.qscheme):
         return _QSCHEMES[qscheme]
     return QScheme.parse(qscheme, name=name)
+
+
+#: torch dtypes accepted for ``dtype`` (the core's names are accepted too).
+_LOWBIT_DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.int2: "int2",
+    torch.int3: "int3",
+    torch.int4: "int4",
+    torch.uint4: "uint4",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.float8_e4m3fn: "float8_e4m3fn",
+    torch.float8_e5m2: "float8_e5m2",
+}
+
+
+def to_lowbit_dtype(dtype: Any) -> Any:
+    """A low-bit observer's torch dtype (``torch.int4``...) as the core's name; anything else unchanged (the
+    low-bit spec validates it)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _LOWBIT_DTYPE_NAMES:
+            allowed = ", ".join(str(d) for d in _LOWBIT_DTYPE_NAMES)
+            raise ValueError(f"dtype={dtype} has no low-bit observer; allowed torch dtypes: {allowed} (or a dtype name)")
+        return _LOWBIT_DTYPE_NAMES[dtype]
+    return dtype
 
 
 def _fast_namespace() -> types.ModuleType:

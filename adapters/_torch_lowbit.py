@@ -23,7 +23,6 @@ Example::
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import numpy as np
 import torch
@@ -40,34 +39,11 @@ from observers_core._validate import check_bool
 
 from ._array_observers import ObserveLoop
 from ._torch_distributed import SyncMixin
-from ._torch_backend import TORCH
+from ._torch_backend import TORCH, to_lowbit_dtype
 from ._torch_minmax import ObserverBase, all_or_nothing
 from ._torch_pt2e import link_torchao, pt2e_observer
 
 __all__ = list(_base.__all__)
-
-#: torch dtypes accepted for ``dtype`` (the core's names are accepted too).
-_TORCH_LOWBIT_DTYPES: dict[torch.dtype, str] = {
-    torch.int2: "int2",
-    torch.int3: "int3",
-    torch.int4: "int4",
-    torch.uint4: "uint4",
-    torch.int8: "int8",
-    torch.uint8: "uint8",
-    torch.float8_e4m3fn: "float8_e4m3fn",
-    torch.float8_e5m2: "float8_e5m2",
-}
-
-
-def _dtype_name(dtype: Any) -> Any:
-    """A torch dtype as the core's name; anything else unchanged (validated by the spec)."""
-    if isinstance(dtype, torch.dtype):
-        if dtype not in _TORCH_LOWBIT_DTYPES:
-            allowed = ", ".join(str(d) for d in _TORCH_LOWBIT_DTYPES)
-            raise ValueError(f"dtype={dtype} has no low-bit observer; allowed torch dtypes: {allowed} (or a dtype name)")
-        return _TORCH_LOWBIT_DTYPES[dtype]
-    return dtype
-
 
 @pt2e_observer
 class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
@@ -93,7 +69,7 @@ class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
                process_group=None, **layout) -> None:
         """What the public constructors forward to; ``layout``: ``make_spec``'s keywords."""
         link_torchao()
-        spec = lowbit_family.make_spec(type(self).__name__, self._FAMILY, _dtype_name(dtype), **layout)
+        spec = lowbit_family.make_spec(type(self).__name__, self._FAMILY, to_lowbit_dtype(dtype), **layout)
         ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
         is_dynamic = check_bool(is_dynamic, "is_dynamic")
         factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
