@@ -7,7 +7,7 @@ torch's presets) call it through the one instance :data:`TORCH`:
 
 - ``xp``: ``array_api_compat.torch``, the namespace the core's functions get; ``fast_xp``: the same with
   torch's own ``minimum``/``maximum``/``where`` (:func:`_fast_namespace`), for the min/max and low-bit steps;
-- ``checked_input(x, like)``: ``x`` detached, real, on ``like``'s device, other dtypes cast as torch does;
+- ``checked_input(x, like)``: ``x`` detached, on ``like``'s device, real, other dtypes cast as torch does;
 - ``run(fn, *args, **static)``: ``fn(*args, **static)`` as every backend runs it, except that CPU tensors go
   through zero-copy NumPy views (and an ``xp`` keyword becomes NumPy's) when the compiled kernels are on;
 - ``entries(state_dict, prefix, names)``: another framework's state-dict arrays as tensors;
@@ -161,28 +161,24 @@ class TorchBackend(Backend):
     def __reduce__(self) -> str:
         return "TORCH"
 
-    def coerce(self, x: Any) -> torch.Tensor:
-        """``x`` detached; ``TypeError`` unless it is a tensor of real values."""
+    def checked_input(self, x: Any, like: torch.Tensor) -> torch.Tensor:
+        """``x`` detached, after the checks that keep the buffer ``like`` valid (nothing is modified): a
+        tensor (``TypeError``) on ``like``'s device (``ValueError``) of a real dtype (``TypeError``); dtypes
+        other than the natively reduced ones are cast to ``like``'s, as torch does. One function: it runs
+        on every forward."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in _NATIVE_INPUT_DTYPES and (x.dtype == torch.bool or x.dtype.is_complex or x.is_quantized):
-            raise TypeError(f"x must hold real floating or integer values, got dtype {x.dtype}")
-        return x.detach()
-
-    def check_device(self, x: torch.Tensor, like: torch.Tensor) -> None:
+        x = x.detach()
         if x.device != like.device:
             raise ValueError(
                 f"x is on device {x.device} but the observer's buffers are on {like.device}; "
                 "move the observer with .to(device)"
             )
-
-    def checked_input(self, x: Any, like: torch.Tensor) -> torch.Tensor:
-        """``x`` detached, after the checks that keep the buffer ``like`` valid (nothing is modified): a real
-        dtype (other than the natively reduced ones: cast to ``like``'s dtype, as torch does) on ``like``'s
-        device."""
-        x = self.coerce(x)
-        self.check_device(x, like)
-        return x if x.dtype in _NATIVE_INPUT_DTYPES else x.to(like.dtype)
+        if x.dtype not in _NATIVE_INPUT_DTYPES:
+            if x.dtype == torch.bool or x.dtype.is_complex or x.is_quantized:
+                raise TypeError(f"x must hold real floating or integer values, got dtype {x.dtype}")
+            x = x.to(like.dtype)
+        return x
 
     def place(self, host: np.ndarray, dtype: Any, like: Any = None, device: Any = None) -> torch.Tensor:
         return torch.as_tensor(host, dtype=dtype, device=like.device if like is not None else device)
