@@ -1,8 +1,7 @@
 """The torch backend: everything the torch observers (:mod:`observers_core.adapters.torch`) do with tensors.
 
 Like the JAX and CuPy backends (``adapters/jax.py``, ``adapters/cupy.py``), :class:`TorchBackend` is a
-:class:`~._backend.Backend`: it checks and coerces inputs, places host arrays and runs the core's
-functions. The torch observers (``adapters/_torch_*.py``: ``nn.Module`` buffers, state-dict versions,
+:class:`~._backend.Backend`: it checks and casts inputs and runs the core's functions. The torch observers (``adapters/_torch_*.py``: ``nn.Module`` buffers, state-dict versions,
 torch's presets) call it through the one instance :data:`TORCH`:
 
 - ``xp``: ``array_api_compat.torch``, the namespace the core's functions get; ``fast_xp``: the same with
@@ -179,9 +178,6 @@ class TorchBackend(Backend):
                 raise TypeError(f"x must hold real floating or integer values, got dtype {x.dtype}")
             x = x.to(like.dtype)
         return x
-
-    def place(self, host: np.ndarray, dtype: Any, like: Any = None, device: Any = None) -> torch.Tensor:
-        return torch.as_tensor(host, dtype=dtype, device=like.device if like is not None else device)
 
     def run(self, fn: Callable[..., Any], /, *args: Any, **static: Any) -> Any:
         """``fn(*args, **static)``, as every backend runs it, except that CPU tensors go through their

@@ -51,18 +51,22 @@ def _cupy():
         return make_observer("cupy", spec, cfg), make_observer("numpy", spec, cfg)
 
     def put(a, on_device=True):
-        if a.dtype.name == "bfloat16":  # CuPy has no bfloat16: its exact float32 upcast
-            a = a.astype(np.float32)
+        a = _without_bfloat16(a)
         return cupy.asarray(a) if on_device else a
 
     return make, put
+
+
+def _without_bfloat16(a):
+    """``a``, bfloat16 as its exact float32 upcast (CuPy has no bfloat16; its NumPy twin gets the same)."""
+    return a.astype(np.float32) if a.dtype.name == "bfloat16" else a
 
 
 def _host_put(backend):
     """How the CPU twin takes a host batch."""
     if backend == "torch-cuda":
         return lambda a: to_backend("torch", a)
-    return lambda a: a.astype(np.float32) if a.dtype.name == "bfloat16" else a
+    return _without_bfloat16
 
 
 def _state(obs):

@@ -233,6 +233,10 @@ def test_qparams_of_nan_and_infinite_ranges_are_silent_and_torchs(backend, qsche
         warnings.simplefilter("error")
         scale, zp = oc.calculate_qparams(backend.asarray(lo), backend.asarray(hi), spec)
     ref_scale, ref_zp = oc.calculate_qparams(torch.from_numpy(lo), torch.from_numpy(hi), spec)
+    theirs = tao.PerChannelMinMaxObserver(ch_axis=0, qscheme=getattr(torch, qscheme))
+    their_scale, their_zp = theirs._calculate_qparams(torch.from_numpy(lo), torch.from_numpy(hi))
+    np.testing.assert_array_equal(ref_scale.numpy(), their_scale.numpy())  # the reference is torch.ao's (NaN == NaN)
+    np.testing.assert_array_equal(ref_zp.numpy(), their_zp.numpy())
     np.testing.assert_array_equal(np.isfinite(to_numpy(scale)), np.isfinite(ref_scale.numpy()))
     assert_same_on_device(to_numpy(scale), ref_scale.numpy(), backend.name, "scale")  # a GPU's division: 2 ulp
     zp_got, zp_ref = to_numpy(zp)[3:], ref_zp.numpy()[3:]  # (NaN -> int: platform-defined)
