@@ -17,7 +17,8 @@ is JAX's:
   over that axis reduces the batch statistics across the devices (:class:`AxisCollective`:
   ``lax.pmin``/``pmax``/``psum``, NaN wins), so every device holds the state one device reaches on the
   whole batch (README "JAX collectives").
-- Inputs may be ``jax.Array`` or numpy arrays (moved to the default device).
+- Inputs may be ``jax.Array`` or numpy arrays (moved to the default device). An input committed to another
+  device than the state's (``jax.device_put``) raises ``ValueError``, as on every backend.
 
 Zero points are int32 where torch has int64 (symmetric schemes, defaults): JAX without x64 has no int64.
 Without x64 the calibration searches run in float32 where numpy and torch use float64; near-ties between
@@ -121,6 +122,15 @@ class AxisCollective:
         return lax.psum(x, self.axis_name)
 
 
+def _is_committed(a: Any) -> bool:
+    """A concrete ``jax.Array`` pinned to its devices (tracers and uncommitted arrays are not)."""
+    return isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer) and a.committed
+
+
+def _devices(a: Any) -> str:
+    return ", ".join(sorted(str(d) for d in a.devices()))
+
+
 def _is_traced(arg: Any) -> bool:
     """A positional argument of :meth:`JaxBackend.run` that is data: an array, a state (a tuple) or
     ``None``. Everything else (a configuration) is static."""
@@ -149,7 +159,8 @@ def _output_struct(fn: Callable[..., Any], config: Any, shape: tuple[int, ...], 
 
 
 class JaxBackend(FrameworkBackend):
-    """``jax.numpy``; every core step jitted (see the module docstring); placement is ``jax.jit``'s."""
+    """``jax.numpy``; every core step jitted (see the module docstring); uncommitted arrays go where
+    ``jax.jit`` puts them, committed ones must share the state's devices."""
 
     label, namespace_name = "JAX", "jax.numpy"
 
@@ -171,11 +182,16 @@ class JaxBackend(FrameworkBackend):
             )
 
     def check_device(self, x: Array, like: Array) -> None:
-        """Placement is jax.jit's business (committed arrays on different devices raise there)."""
+        """``ValueError`` where ``x`` and the state are both committed (``jax.device_put``, or computed on a
+        device) to different devices, which ``jax.jit`` would refuse with a message about its own arguments;
+        an uncommitted ``x`` goes where the state is."""
+        if _is_committed(x) and _is_committed(like) and x.devices() != like.devices():
+            raise ValueError(f"x is on device {_devices(x)} but this observer's state is on {_devices(like)}; "
+                             "move x there (jax.device_put)")
 
     def place(self, host: np.ndarray, dtype: Any, like: Array | None = None, device: Any = None) -> Array:
         out = jnp.asarray(host, dtype=dtype)
-        if like is not None and isinstance(like, jax.Array):
+        if _is_committed(like):  # an uncommitted ``like`` leaves placement to jit, so does the result
             return jax.device_put(out, like.sharding)
         return out if device is None else jax.device_put(out, device)
 

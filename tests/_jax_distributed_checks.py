@@ -56,7 +56,8 @@ def check_names() -> list[str]:
     (NaN on one shard propagates; the same AxisCollective under pmap) under shard_map."""
     uneven = [f"{obs}/uneven/{mode}" for obs in OBSERVERS for mode in MODES]
     nan = [f"{obs}/nan/shard_map" for obs in OBSERVERS if obs not in ALWAYS_SKIPS_NONFINITE]
-    return uneven + nan + list(EXTRA_CHECKS)
+    wrong_device = [f"wrong_device/{obs}" for obs in OBSERVERS]
+    return uneven + nan + wrong_device + list(EXTRA_CHECKS)
 
 
 def batches(scenario: str):
@@ -292,6 +293,29 @@ def main() -> dict[str, list]:
                 return f"step {i}: {jax.tree.map(np.asarray, state)} != single device {jax.tree.map(np.asarray, ref_state)}"
         return None
 
+    def wrong_device(obs_name: str) -> str | None:
+        """A stateful call with ``x`` committed to another device than the state: ``ValueError`` naming ``x``
+        (not jit's message about its arguments), the state unchanged; on the state's device, or
+        uncommitted, the next batches run."""
+        cls_name, kwargs, _, _ = OBSERVERS[obs_name]
+        obs = getattr(jobs, cls_name)(**kwargs)
+        devices, x = jax.devices(), batches("nan")[0]
+        obs(jax.device_put(x, devices[1]))
+        before = obs.state_dict()
+        try:
+            obs(jax.device_put(x, devices[0]))
+            return "a batch committed to device 0 was taken by a state on device 1"
+        except ValueError as exc:
+            if not str(exc).startswith("x is on device"):
+                return f"unclear error: {exc}"
+        if not same_tree(before, obs.state_dict()):
+            return "the refused batch changed the state"
+        obs(jax.device_put(x, devices[1]))
+        obs(x)  # numpy: uncommitted, goes to the state's device
+        return None
+
+    for obs_name in OBSERVERS:
+        record(f"wrong_device/{obs_name}", functools.partial(wrong_device, obs_name))
     for mode in MODES:
         record(f"kl_accumulate/{mode}", lambda mode=mode: kl_accumulate(mode))
         record(f"collective_nan_wins/{mode}", lambda mode=mode: nan_wins(mode))

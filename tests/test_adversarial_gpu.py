@@ -1,5 +1,6 @@
 """Adversarial steps on the GPU backends: every public observer class on torch CUDA (against the same class
-on torch CPU) and on CuPy (against the NumPy observer, the same generic class) takes the same seeded
+on torch CPU), on CuPy (against the NumPy observer, the same generic class) and on JAX's GPU (against the
+same class on JAX's CPU) takes the same seeded
 sequence of steps: adversarial batches of every kind, dtype and shape of ``test_adversarial_stateful.py``
 (bool/complex/int/float16/bfloat16/float64, NaN/Inf, float32's limit, subnormals, empty, another channel
 count), an input on the wrong device, ``calculate_qparams``, a state-dict round trip and ``reset``.
@@ -19,7 +20,7 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import _cupy_available, _torch_cuda_available
+from conftest import _cupy_available, _jax_gpu_available, _torch_cuda_available
 
 from _adversarial_strategies import CLASSES, DTYPES, KINDS, make_batch, make_observer, to_backend, to_host
 
@@ -57,6 +58,22 @@ def _cupy():
     return make, put
 
 
+def _jax_gpu():
+    if not _jax_gpu_available():
+        pytest.skip("JAX has no GPU here")
+    import jax
+
+    gpu, cpu = jax.devices("gpu")[0], jax.devices("cpu")[0]
+
+    def make(spec, cfg):
+        return make_observer("jax", spec, cfg), make_observer("jax", spec, cfg)
+
+    def put(a, on_device=True):
+        return jax.device_put(to_backend("jax", a), gpu if on_device else cpu)
+
+    return make, put
+
+
 def _without_bfloat16(a):
     """``a``, bfloat16 as its exact float32 upcast (CuPy has no bfloat16; its NumPy twin gets the same)."""
     return a.astype(np.float32) if a.dtype.name == "bfloat16" else a
@@ -66,6 +83,10 @@ def _host_put(backend):
     """How the CPU twin takes a host batch."""
     if backend == "torch-cuda":
         return lambda a: to_backend("torch", a)
+    if backend == "jax-gpu":
+        import jax
+
+        return lambda a: jax.device_put(to_backend("jax", a), jax.devices("cpu")[0])
     return _without_bfloat16
 
 
@@ -109,9 +130,9 @@ def _steps(spec, cfg, seed):
 
 
 @pytest.mark.parametrize("name", sorted(CLASSES))
-@pytest.mark.parametrize("backend", ["torch-cuda", "cupy"])
+@pytest.mark.parametrize("backend", ["torch-cuda", "cupy", "jax-gpu"])
 def test_gpu_observers_take_adversarial_steps_as_their_cpu_twins(backend, name):
-    make, put = (_torch_cuda if backend == "torch-cuda" else _cupy)()
+    make, put = {"torch-cuda": _torch_cuda, "cupy": _cupy, "jax-gpu": _jax_gpu}[backend]()
     host_put = _host_put(backend)
     spec = CLASSES[name]
     steps = 0
@@ -126,8 +147,9 @@ def test_gpu_observers_take_adversarial_steps_as_their_cpu_twins(backend, name):
                     batch = args[3]
                     got, want = _outcome(lambda: gpu(put(batch))), _outcome(lambda: cpu(host_put(batch)))
                 elif op == "wrong_device":  # torch: ValueError (another device); CuPy: TypeError (not CuPy)
-                    if name == "FixedQParamsObserver":
-                        continue  # its forward passes x on without looking at it, as torch.ao's does
+                    if name == "FixedQParamsObserver" or backend == "jax-gpu":
+                        continue  # Fixed: its forward does not look at x, as torch.ao's; JAX: a state goes where its first
+                        # batch is (tests/_jax_distributed_checks.py checks the refusal of a committed other device)
                     got = want = _outcome(lambda: gpu(put(args[3], on_device=False)))
                     assert got is not None, f"{backend} {name} {cfg} took a batch from the host; {log}"
                 elif op == "qparams":

@@ -547,6 +547,21 @@ def test_device_mismatch_raises():
     assert fresh.state.min_val.device == devices[1]
 
 
+def test_jax_loaded_state_is_placed_as_the_state_it_replaces():
+    """JAX: a loaded state is committed to a device only where the state it replaces was (so a
+    ``state_dict`` round trip before the first batch does not pin the observer to the default device)."""
+    jax = pytest.importorskip("jax")
+    from observers_core.adapters import jax as jobs
+
+    obs = jobs.MinMaxObserver()
+    for _ in range(2):  # the second load replaces the first one's (uncommitted) state
+        obs.load_state_dict(obs.state_dict())
+        assert not obs.state.min_val.committed
+    obs(jax.device_put(np.array([1.0, 2.0], np.float32), jax.devices()[0]))
+    obs.load_state_dict(obs.state_dict())
+    assert obs.state.min_val.committed and obs.state.min_val.devices() == {jax.devices()[0]}
+
+
 # --------------------------------------------------------------------------- the other observers
 def test_fixed_qparams_observer(generic):
     obs = make("FixedQParamsObserver", generic, scale=1.0 / 256.0, zero_point=128)
