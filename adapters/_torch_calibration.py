@@ -129,24 +129,19 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
-        if self._PER_CHANNEL:  # N values into the empty (or other-sized) per-channel buffers
-            for name in ("min_val", "max_val"):
-                value = state_dict.get(prefix + name)
-                buf = self._buffers[name]
-                if isinstance(value, torch.Tensor) and value.dim() == 1 and buf.shape != value.shape:
-                    self._buffers[name] = torch.empty(value.shape, dtype=buf.dtype, device=buf.device)
+        if self._PER_CHANNEL:
+            self._fit_to_loaded(state_dict, prefix)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
 
     def reset_min_max_vals(self):
         """Forget the averaged range (per channel, the channel count too)."""
-        for name, value in (("min_val", INF), ("max_val", -INF)):
-            buf = self._buffers[name]
-            if self._PER_CHANNEL:
-                self._buffers[name] = torch.empty(0, dtype=buf.dtype, device=buf.device)
-            else:
-                buf.fill_(value)
+        if self._PER_CHANNEL:
+            self._empty_buffers()
+        else:
+            self.min_val.fill_(INF)
+            self.max_val.fill_(-INF)
         self.last_choice = None
 
     def extra_repr(self):
@@ -219,9 +214,7 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
     def reset_min_max_vals(self):
         """Forget everything seen: the averaged range, the histogram and the batch count."""
         super().reset_min_max_vals()
-        for name in _ACC_BUFFERS:
-            buf = self._buffers[name]
-            self._buffers[name] = torch.empty(0, dtype=buf.dtype, device=buf.device)
+        self._empty_buffers(_ACC_BUFFERS)
         self.num_steps = 0
 
     def extra_repr(self):

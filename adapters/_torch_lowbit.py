@@ -40,13 +40,13 @@ from observers_core._validate import check_bool
 from ._array_observers import ObserveLoop
 from ._torch_distributed import SyncMixin
 from ._torch_backend import TORCH, to_lowbit_dtype
-from ._torch_minmax import ObserverBase, all_or_nothing
+from ._torch_minmax import ObserverBase, RangeBuffers, all_or_nothing
 from ._torch_pt2e import link_torchao, pt2e_observer
 
 __all__ = list(_base.__all__)
 
 @pt2e_observer
-class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
+class _LowBitObserver(SyncMixin, ObserveLoop, RangeBuffers, ObserverBase):
     r"""Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
 
     ``forward(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when
@@ -90,12 +90,6 @@ class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
         x = TORCH.checked_input(x_orig, self._buffers["min_val"])
         lowbit_family.check_axis(x, self.spec)
         return x
-
-    def _read_state(self) -> MinMaxState | None:
-        """The buffers as the statistics; ``None`` while they are empty (nothing seen)."""
-        buffers = self._buffers
-        min_val, max_val = buffers["min_val"], buffers["max_val"]
-        return None if min_val.numel() == 0 else MinMaxState(min_val, max_val)
 
     def _fitting_state(self, state: MinMaxState | None, x: torch.Tensor, axis: None) -> MinMaxState | None:
         return None if self.is_dynamic else state  # the device is checked with the input
@@ -145,9 +139,7 @@ class _LowBitObserver(SyncMixin, ObserveLoop, ObserverBase):
 
     def reset_min_max_vals(self):
         """Empties the buffers (float32, device kept), as before the first batch."""
-        for name in ("min_val", "max_val"):
-            buf = self._buffers[name]
-            self._buffers[name] = torch.empty(0, dtype=torch.float32, device=buf.device)
+        self._empty_buffers(dtype=torch.float32)
 
     @all_or_nothing
     def _load_from_state_dict(

@@ -99,8 +99,53 @@ def all_or_nothing(load):
 
 
 
+class RangeBuffers:
+    """The statistics' storage of the torch observers with a range: the buffers ``min_val``/``max_val``
+    (empty before a per-channel or low-bit observer's first batch), read and written by the observe step
+    (:class:`~observers_core.adapters._array_observers.ObserveLoop`)."""
+
+    _RANGE = ("min_val", "max_val")
+
+    def _read_state(self) -> MinMaxState | None:
+        """The buffers as the state (``None``: empty buffers, nothing seen)."""
+        buffers = self._buffers  # one dict lookup instead of nn.Module.__getattr__ per access
+        min_val = buffers["min_val"]
+        return None if min_val.numel() == 0 else MinMaxState(min_val, buffers["max_val"])
+
+    def _write_state(self, state: MinMaxState) -> None:
+        for name, value in zip(self._RANGE, state):
+            buffer = self._buffers[name]
+            if buffer.shape != value.shape:
+                buffer = self._resize_buffer(name, value.shape)
+            buffer.copy_(value)
+
+    def _resize_buffer(self, name: str, shape) -> torch.Tensor:
+        """The buffer ``name`` resized in place as torch does, or replaced by a new one (same dtype and
+        device) where its storage cannot be resized (pinned, shared or borrowed from NumPy)."""
+        buffer = self._buffers[name]
+        try:
+            buffer.resize_(shape)
+        except RuntimeError:
+            self._buffers[name] = buffer = torch.empty(shape, dtype=buffer.dtype, device=buffer.device)
+        return buffer
+
+    def _fit_to_loaded(self, state_dict, prefix: str) -> None:
+        """Before a per-channel load: the range buffers resized to the saved ``(C,)`` entries (the
+        buffers are empty before the first batch, and C may differ)."""
+        for name in self._RANGE:
+            value = state_dict.get(prefix + name)
+            if isinstance(value, torch.Tensor) and value.dim() == 1 and self._buffers[name].shape != value.shape:
+                self._resize_buffer(name, value.shape)
+
+    def _empty_buffers(self, names=_RANGE, dtype: torch.dtype | None = None) -> None:
+        """The buffers ``names`` replaced by empty ones on their devices (their dtype, or ``dtype``)."""
+        for name in names:
+            buffer = self._buffers[name]
+            self._buffers[name] = torch.empty(0, dtype=buffer.dtype if dtype is None else dtype, device=buffer.device)
+
+
 @pt2e_observer
-class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
+class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, ObserverBase):
     r"""Common base of the observers that compute an affine/symmetric scale and zero point.
 
     Holds the configuration (``dtype``, ``qscheme``, ``reduce_range``, ``quant_min``/``quant_max``
@@ -257,12 +302,6 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
     def _check_input(self, x_orig) -> torch.Tensor:
         return TORCH.checked_input(x_orig, self._buffers["min_val"])
 
-    def _read_state(self) -> MinMaxState | None:
-        """The buffers as the state (``None``: the empty per-channel buffers before the first batch)."""
-        buffers = self._buffers  # one dict lookup instead of nn.Module.__getattr__ per access
-        min_val = buffers["min_val"]
-        return None if min_val.numel() == 0 else MinMaxState(min_val, buffers["max_val"])
-
     def _new_state(self, x: torch.Tensor, channels: int | None) -> MinMaxState:
         like = self._buffers["min_val"]
         return minmax_init(num_channels=channels, dtype=like.dtype, device=like.device, xp=TORCH.fast_xp)
@@ -270,23 +309,6 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, ObserverBase):
     def _check_fits(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> None:
         if axis is not None:  # (the device is checked with the input)
             check_channel_count(x.shape[axis], tuple(state.min_val.shape), self.ch_axis)
-
-    def _write_state(self, state: MinMaxState) -> None:
-        for name, value in zip(("min_val", "max_val"), state):
-            buffer = self._buffers[name]
-            if buffer.shape != value.shape:
-                buffer = self._resize_buffer(name, value.shape)
-            buffer.copy_(value)
-
-    def _resize_buffer(self, name: str, shape) -> torch.Tensor:
-        """The buffer ``name`` resized in place as torch does, or replaced by a new one (same dtype and
-        device) where its storage cannot be resized (pinned, shared or borrowed from NumPy)."""
-        buffer = self._buffers[name]
-        try:
-            buffer.resize_(shape)
-        except RuntimeError:
-            self._buffers[name] = buffer = torch.empty(shape, dtype=buffer.dtype, device=buffer.device)
-        return buffer
 
     #: whether ``averaging_constant`` (an attribute of the moving-average classes) makes the update average
     _AVERAGING = False
@@ -384,11 +406,7 @@ class _PerChannelMinMaxObserver(_MinMaxFamily):
                 if prefix + old in state_dict:
                     state_dict[prefix + new] = state_dict.pop(prefix + old)
         self._check_loaded(state_dict, prefix)
-        # Loading N values into an uninitialised (size 0) buffer, or another N: resize first.
-        for name in ("min_val", "max_val"):
-            value = state_dict.get(prefix + name)
-            if isinstance(value, torch.Tensor) and getattr(self, name).shape != value.shape:
-                self._resize_buffer(name, value.shape)
+        self._fit_to_loaded(state_dict, prefix)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
@@ -402,8 +420,7 @@ class _PerChannelMinMaxObserver(_MinMaxFamily):
 
     def reset_min_max_vals(self):
         """Empties the per-channel buffers (dtype and device kept), as before the first batch."""
-        self.min_val = torch.empty(0, dtype=self.min_val.dtype, device=self.min_val.device)
-        self.max_val = torch.empty(0, dtype=self.max_val.dtype, device=self.max_val.device)
+        self._empty_buffers()
 
 
 _TORCH_DEFAULTS = {"quint8": torch.quint8, QScheme.PER_TENSOR_AFFINE: torch.per_tensor_affine,
