@@ -166,6 +166,18 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
 
     _SYNC_BUFFERS = ("min_val", "max_val", *_ACC_BUFFERS)
 
+    def _apply(self, fn, recurse=True):
+        """``.to(device)``, ``.cuda()``, ``share_memory()`` apply to the accumulator; a dtype conversion
+        (``.half()``, ``.double()``, ``.to(dtype)``) does not: its grid's origin and power-of-two width stay
+        float32 (float16 would round them, or overflow to inf) while ``min_val``/``max_val`` convert as
+        torch's buffers do."""
+        before = {name: self._buffers[name] for name in _ACC_BUFFERS}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            if self._buffers[name].dtype != old.dtype:
+                self._buffers[name] = old.to(self._buffers[name].device)
+        return self
+
     def _merge_replicas(self, states):
         """sync_observers: the mean of the averaged ranges, and ``kl_merge`` of the accumulators (exact)."""
         merge = partial(TORCH.run, family.kl_merge, xp=TORCH.xp)

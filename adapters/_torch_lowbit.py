@@ -40,13 +40,13 @@ from observers_core._validate import check_bool
 from ._array_observers import ObserveLoop
 from ._torch_distributed import SyncMixin
 from ._torch_backend import TORCH, to_lowbit_dtype
-from ._torch_minmax import ObserverBase, RangeBuffers, all_or_nothing
+from ._torch_minmax import EagerOnly, ObserverBase, RangeBuffers, all_or_nothing
 from ._torch_pt2e import link_torchao, pt2e_observer
 
 __all__ = list(_base.__all__)
 
 @pt2e_observer
-class _LowBitObserver(SyncMixin, ObserveLoop, RangeBuffers, ObserverBase):
+class _LowBitObserver(SyncMixin, ObserveLoop, RangeBuffers, EagerOnly, ObserverBase):
     r"""Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
 
     ``forward(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when

@@ -99,6 +99,19 @@ def all_or_nothing(load):
 
 
 
+class EagerOnly:
+    """A torch observer whose ``forward`` runs the core in Python: ``torch.jit.script`` (of it or of a model
+    holding it) refuses it at once with a ``TypeError`` that says so, instead of failing inside the
+    compiler on an annotation (torch.ao's observers are scriptable, for torch's deprecated TorchScript
+    quantization flow)."""
+
+    def __prepare_scriptable__(self):
+        raise TypeError(
+            f"{type(self).__name__} cannot be compiled by torch.jit.script: its forward runs observers_core's "
+            "Python core. Use it eagerly, in FX (prepare_fx) or in torchao's PT2E flow (prepare_pt2e)"
+        )
+
+
 class RangeBuffers:
     """The statistics' storage of the torch observers with a range: the buffers ``min_val``/``max_val``
     (empty before a per-channel or low-bit observer's first batch), read and written by the observe step
@@ -145,7 +158,7 @@ class RangeBuffers:
 
 
 @pt2e_observer
-class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, ObserverBase):
+class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, EagerOnly, ObserverBase):
     r"""Common base of the observers that compute an affine/symmetric scale and zero point.
 
     Holds the configuration (``dtype``, ``qscheme``, ``reduce_range``, ``quant_min``/``quant_max``

@@ -26,14 +26,16 @@ class QParams(NamedTuple):
 def calculate_qparams(min_val: Array, max_val: Array, /, spec: QuantSpec, *, xp: Any = None) -> QParams:
     """Scale and zero point for the range ``[min_val, max_val]`` (0-d per tensor, or one per channel).
 
-    Arithmetic is float32 with the same operation order as torch, so results are bit-for-bit equal:
+    Arithmetic is in the range's floating dtype (float32 for integer ranges) with the same operation order
+    as torch, so results are bit-for-bit equal, also for the float16/bfloat16/float64 buffers of a torch
+    observer converted by ``.half()``/``.bfloat16()``/``.double()``:
 
     - affine: ``s = max((max(x_max, 0) - min(x_min, 0)) / float(Q_max - Q_min), eps)``,
       ``z = clamp(Q_min - int32(round(min(x_min, 0) / s)), Q_min, Q_max)`` (int32);
     - symmetric: ``s = max(max(-min(x_min, 0), max(x_max, 0)) / (float(Q_max - Q_min) / 2), eps)``,
       ``z = spec.symmetric_zero_point`` (int64);
     - float qparams: ``s = where(s' > eps, s', 1)`` with ``s' = (x_max - x_min) / float(Q_max - Q_min)``,
-      ``z = -x_min / s`` (float32).
+      ``z = -x_min / s`` (the range's dtype).
 
     Entries whose range is invalid (``min_val > max_val``, which includes a never-updated state of
     ``+inf``/``-inf``) get torch's fallback ``s = 1``, ``z = 0``; torch raises for ``min > max`` on an
@@ -50,7 +52,8 @@ def calculate_qparams(min_val: Array, max_val: Array, /, spec: QuantSpec, *, xp:
 
 def _calculate_qparams(min_val: Array, max_val: Array, spec: QuantSpec, xp: Any) -> QParams:
     dtype = min_val.dtype
-    eps = scalar_like(spec.eps, min_val, xp, dtype=xp.float32)
+    # eps in the range's floating dtype (torch's eps buffer converts with the module's other buffers)
+    eps = scalar_like(spec.eps, min_val, xp, dtype=dtype if xp.isdtype(dtype, "real floating") else xp.float32)
     zero = xp.zeros((), dtype=dtype, device=device_of(min_val))
     min_val_neg = xp.minimum(min_val, zero)
     max_val_pos = xp.maximum(max_val, zero)

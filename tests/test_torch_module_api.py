@@ -1,0 +1,145 @@
+"""``nn.Module`` methods on the torch observers: dtype conversions of the buffers (``.half()``,
+``.bfloat16()``, ``.double()``, as ``model.half()`` does to a prepared model) give torch.ao's states and
+qparams, dtypes included; KLObserver's accumulator keeps its dtype through them; ``torch.jit.script``
+refuses our observers with a ``TypeError`` that says why (torch.ao's script)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.ao.quantization.observer as tao  # noqa: E402
+
+from observers_core.adapters import torch as ot  # noqa: E402
+from observers_core.adapters import horizon  # noqa: E402
+
+CONVERSIONS = ("half", "bfloat16", "double", "float")
+MINMAX = {
+    "MinMaxObserver": ("per_tensor_affine", "per_tensor_symmetric"),
+    "MovingAverageMinMaxObserver": ("per_tensor_affine", "per_tensor_symmetric"),
+    "PerChannelMinMaxObserver": ("per_channel_affine", "per_channel_symmetric", "per_channel_affine_float_qparams"),
+    "MovingAveragePerChannelMinMaxObserver": (
+        "per_channel_affine", "per_channel_symmetric", "per_channel_affine_float_qparams"),
+}
+
+
+def _batches(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(4, 16, generator=g) * s + o for s, o in ((1.0, 0.0), (3.0, 1.0), (0.5, -2.0))]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("conversion", CONVERSIONS)
+@pytest.mark.parametrize("name", sorted(MINMAX))
+def test_converted_minmax_observers_equal_torchs(name, conversion):
+    """One batch, the conversion, two more batches: buffers and qparams equal torch.ao's bit for bit,
+    dtypes included (float16 buffers give a float16 scale, computed in float16, as torch's)."""
+    for seed in range(5):
+        for qscheme in MINMAX[name]:
+            ours, theirs = (getattr(mod, name)(qscheme=getattr(torch, qscheme)) for mod in (ot, tao))
+            for obs in (ours, theirs):
+                first, *rest = _batches(seed)
+                obs(first)
+                getattr(obs, conversion)()
+                for x in rest:
+                    obs(x)
+            got, want = ours.state_dict(), theirs.state_dict()
+            assert list(got) == list(want)
+            assert all(_same(got[k], want[k]) for k in want), (qscheme, got, want)
+            for g, w in zip(ours.calculate_qparams(), theirs.calculate_qparams()):
+                assert _same(g, w), (qscheme, seed, g, w)
+
+
+@pytest.mark.parametrize("conversion", ["half", "bfloat16", "double"])
+def test_converted_histogram_observer_searches_in_float32(conversion):
+    """The deliberate difference (README "Differences from torch.ao"): the buffers convert as torch's, but
+    the search and the qparams stay float32: torch.ao's search of the same converted buffers' values cast
+    to float32, bit for bit (torch.ao searches in the buffers' dtype and returns qparams in it)."""
+    ours, theirs = ot.HistogramObserver(), tao.HistogramObserver()
+    first, *rest = _batches(3)
+    for obs in (ours, theirs):
+        obs(first)
+        getattr(obs, conversion)()
+        for x in rest:
+            obs(x)
+    got, want = ours.state_dict(), theirs.state_dict()
+    assert all(_same(got[k], want[k]) for k in want)
+    float32_twin = copy.deepcopy(theirs).float()
+    scale, zero_point = ours.calculate_qparams()
+    want_scale, want_zero_point = float32_twin.calculate_qparams()
+    assert _same(scale, want_scale) and _same(zero_point, want_zero_point)
+    assert theirs.calculate_qparams()[0].dtype == getattr(torch, {"half": "float16"}.get(conversion, conversion))
+
+
+@pytest.mark.parametrize("conversion", ["half", "bfloat16", "double"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_kl_accumulator_keeps_its_dtype_through_conversions(conversion, per_channel):
+    """The accumulator's grid (origin, power-of-two width) stays float32 and the counts int64 under a
+    dtype conversion (float16 crashed the compiled kernels, and would round the grid); it goes on equal to
+    an unconverted twin's (a device move: the next test)."""
+    kwargs = {"ch_axis": 0, "qscheme": torch.per_channel_symmetric} if per_channel else {}
+    obs = ot.KLObserver(update_interval=2, **kwargs)
+    first, *rest = _batches(7)
+    obs(first)
+    twin = copy.deepcopy(obs)
+    dtypes = {name: buf.dtype for name, buf in obs.named_buffers() if name.startswith(("hist_", "seen_"))}
+    getattr(obs, conversion)()
+    for x in rest:
+        obs(x)
+        twin(x)
+    converted = dict(obs.named_buffers())
+    for name, dtype in dtypes.items():
+        assert converted[name].dtype == dtype
+        assert _same(converted[name], dict(twin.named_buffers())[name]), name
+    expected = getattr(torch, {"half": "float16"}.get(conversion, conversion))
+    assert obs.min_val.dtype == obs.eps.dtype == expected  # the persistent buffers convert as torch's
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scale, _ = obs.calculate_qparams()
+    assert torch.isfinite(scale).all()
+
+
+def test_kl_accumulator_moves_with_the_module_to_cuda():
+    """``.cuda()`` after the first batch moves the accumulator (a device move is not a dtype conversion);
+    later GPU batches accumulate as the CPU twin does (counts, power-of-two grid and range are exact)."""
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device here")
+    obs = ot.KLObserver(update_interval=2)
+    first, *rest = _batches(11)
+    obs(first)
+    twin = copy.deepcopy(obs)
+    obs.cuda()
+    for x in rest:
+        obs(x.cuda())
+        twin(x)
+    moved, expected = dict(obs.named_buffers()), dict(twin.named_buffers())
+    for name in expected:
+        if name.startswith(("hist_", "seen_")):
+            assert moved[name].is_cuda and _same(moved[name].cpu(), expected[name]), name
+
+
+def _ours():
+    """One of each torch class of ours with statistics (torch's names, ours, Horizon's and Quark's)."""
+    yield ot.MinMaxObserver()
+    yield ot.PerChannelMinMaxObserver()
+    yield ot.HistogramObserver()
+    yield ot.KLObserver()
+    yield ot.MixObserver()
+    yield ot.PerGroupMinMaxObserver(group_size=4)
+    yield ot.PerBlockMXObserver("mxfp4", block_size=8)
+    yield horizon.MinMaxObserver()
+
+
+def test_jit_script_refuses_our_observers_and_scripts_torchs():
+    for obs in _ours():
+        name = type(obs).__name__
+        for target in (obs, torch.nn.Sequential(torch.nn.Linear(16, 16), obs)):
+            with pytest.raises(TypeError, match=f"{name} cannot be compiled by torch.jit.script"):
+                torch.jit.script(target)
+    torch.jit.script(tao.MinMaxObserver())  # the difference is ours: torch.ao's observers script
