@@ -10,7 +10,8 @@ its CPU twin decides, and leave the state bit for bit as it was when it is rejec
 other GPU tests' business (README "GPU arithmetic": GPUs round some divisions differently), so a
 decision that hangs on a rounding (``calculate_qparams`` of a moving average whose range went
 disordered) is not compared. Skipped without a GPU; the CPU backends run these steps in
-``test_adversarial_stateful.py``.
+``test_adversarial_stateful.py``. A JAX state goes where its first batch is, so JAX's "wrong device" is
+its own test: a state on the GPU refuses a batch committed to the CPU.
 """
 
 from __future__ import annotations
@@ -168,3 +169,24 @@ def test_gpu_observers_take_adversarial_steps_as_their_cpu_twins(backend, name):
                     assert _same_bits(before, _state(gpu)), f"{backend} {name} {cfg}: a rejected {op} changed the state; {log}"
                 steps += 1
     assert steps >= len(spec.configs) * SEQUENCES * STEPS // 2
+
+
+@pytest.mark.parametrize("name", sorted(set(CLASSES) - {"FixedQParamsObserver"}))
+def test_jax_gpu_state_refuses_a_batch_committed_to_the_cpu(name):
+    """JAX: once the state is on the GPU, a batch committed to the CPU raises ``ValueError("x is on device
+    ...")`` and leaves the state; a NumPy batch (uncommitted) goes to the state's device."""
+    _jax_gpu()
+    import jax
+
+    spec = CLASSES[name]
+    cfg = next(c for c in spec.configs if not c.get("is_dynamic", False))
+    shape = spec.shapes(cfg)[0]
+    batch = make_batch("normal", 0, shape, "float32", spec.ch_axis(cfg))
+    obs = make_observer("jax", spec, cfg)
+    obs(jax.device_put(batch, jax.devices("gpu")[0]))
+    before = _state(obs)
+    with pytest.raises(ValueError, match="x is on device"):
+        obs(jax.device_put(batch, jax.devices("cpu")[0]))
+    assert _same_bits(before, _state(obs))
+    obs(batch)
+    assert all(leaf.devices() == {jax.devices("gpu")[0]} for leaf in obs.state_dict().values())
