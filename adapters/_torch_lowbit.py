@@ -101,11 +101,11 @@ class _LowBitObserver(SyncMixin, ObserveLoop, RangeBuffers, EagerOnly, ObserverB
     def _write_state(self, state: MinMaxState) -> None:
         buffers = self._buffers
         replace = self.is_dynamic or buffers["min_val"].numel() == 0  # then the statistics fix shape and dtype
-        for name, value in zip(("min_val", "max_val"), state):
+        for name, value in zip(self._RANGE, state):
             if replace:
                 buffers[name] = value
             else:
-                buffers[name].copy_(value)
+                self._copy_into(name, value)
 
     def convert(self, model, node):
         """Called by torchao's ``convert_pt2e`` in place of its lowering: refused, since torchao's PT2E

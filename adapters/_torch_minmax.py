@@ -73,7 +73,9 @@ _FLOAT32_EPS = torch.finfo(torch.float32).eps
 
 
 def all_or_nothing(load):
-    """For a torch observer's ``_load_from_state_dict``: a load that fails leaves the buffers as they were.
+    """For a torch observer's ``_load_from_state_dict``: a load that fails leaves the buffers as they were
+    (and, outside ``torch.inference_mode()``, buffers made under it are normal copies first, which torch's
+    in-place load can write).
     torch copies the entries present before ``load_state_dict(strict=True)`` raises for the missing or
     unexpected ones; here, when this module's own keys are missing or unexpected (strict) or a check raises,
     its buffers are restored. Nested overrides (``super()`` calls) are guarded once, by the outermost."""
@@ -82,6 +84,10 @@ def all_or_nothing(load):
     def guarded(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         if self.__dict__.get("_loading_state", False):
             return load(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        if not torch.is_inference_mode_enabled():  # torch's load copies in place: no buffer made under the mode
+            for name, buf in self._buffers.items():
+                if buf is not None and buf.is_inference():
+                    self._buffers[name] = buf.clone()
         saved = {name: buf.detach().clone() for name, buf in self._buffers.items() if buf is not None}
         keys_before = len(missing_keys) + len(unexpected_keys)
         self.__dict__["_loading_state"] = True
@@ -127,10 +133,21 @@ class RangeBuffers:
 
     def _write_state(self, state: MinMaxState) -> None:
         for name, value in zip(self._RANGE, state):
-            buffer = self._buffers[name]
-            if buffer.shape != value.shape:
-                buffer = self._resize_buffer(name, value.shape)
+            self._copy_into(name, value)
+
+    def _copy_into(self, name: str, value: torch.Tensor) -> None:
+        """``value`` written into the buffer ``name`` in place (resized first where its shape differs). A
+        buffer made under ``torch.inference_mode()``, which torch forbids updating in place once the mode is
+        off, is replaced by a copy of ``value`` instead."""
+        buffer = self._buffers[name]
+        if buffer.shape != value.shape:
+            buffer = self._resize_buffer(name, value.shape)
+        try:
             buffer.copy_(value)
+        except RuntimeError:
+            if not buffer.is_inference():
+                raise
+            self._buffers[name] = value.clone()
 
     def _resize_buffer(self, name: str, shape) -> torch.Tensor:
         """The buffer ``name`` resized in place as torch does, or replaced by a new one (same dtype and

@@ -143,3 +143,72 @@ def test_jit_script_refuses_our_observers_and_scripts_torchs():
             with pytest.raises(TypeError, match=f"{name} cannot be compiled by torch.jit.script"):
                 torch.jit.script(target)
     torch.jit.script(tao.MinMaxObserver())  # the difference is ours: torch.ao's observers script
+
+
+INFERENCE_CASES = [
+    ("MinMaxObserver", {}), ("PerChannelMinMaxObserver", {}), ("MovingAveragePerChannelMinMaxObserver", {}),
+    ("HistogramObserver", {}), ("KLObserver", {}), ("KLObserver", {"ch_axis": 0, "qscheme": torch.per_channel_symmetric}),
+    ("MSEObserver", {"ch_axis": 0, "qscheme": torch.per_channel_symmetric}), ("MixObserver", {}),
+    ("PerGroupMinMaxObserver", {"group_size": 4}), ("FP8Observer", {}),
+    ("PerBlockMXObserver", {"dtype": "mxfp4", "block_size": 8}), ("PerBlockBFPObserver", {}),
+]
+
+
+def _step(obs, step, x):
+    if step == "forward":
+        obs(x)
+    elif step == "reset":
+        if not isinstance(obs, ot.HistogramObserver):  # torch's HistogramObserver cannot reset
+            obs.reset_min_max_vals()
+    else:
+        obs.load_state_dict(copy.deepcopy(obs.state_dict()))
+
+
+@pytest.mark.parametrize("name,kwargs", INFERENCE_CASES, ids=[f"{n}-{len(k)}" for n, k in INFERENCE_CASES])
+def test_buffers_written_under_inference_mode_keep_working_outside(name, kwargs):
+    """Calibration under ``torch.inference_mode()`` makes every tensor it creates an inference tensor, which
+    torch forbids updating in place once the mode is off. Whatever step ran inside (forward, reset,
+    load_state_dict), the observer goes on outside exactly as a twin that never entered the mode (torch.ao's
+    per-channel observers raise there after a reset: README "Differences from torch.ao")."""
+    first, second, third = _batches(5)
+    for inside in ("forward", "reset", "load"):
+        for start_outside in (False, True):
+            obs, twin = getattr(ot, name)(**kwargs), getattr(ot, name)(**kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for o, mode in ((obs, torch.inference_mode()), (twin, torch.no_grad())):
+                    if start_outside:
+                        o(first)
+                    with mode:
+                        _step(o, inside, second)
+                        o(second)
+                    for step in ("forward", "load", "forward", "reset", "forward"):
+                        _step(o, step, third)
+                got, want = obs.state_dict(), twin.state_dict()
+                assert all(_same(got[k], want[k]) for k in want), (inside, start_outside)
+                for g, w in zip(obs.calculate_qparams(), twin.calculate_qparams()):
+                    assert _same(g, w), (inside, start_outside)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_autocast_changes_nothing(device):
+    """Observers under ``torch.autocast`` (bfloat16 on the CPU, float16 on CUDA) give the states and qparams
+    they give outside it, dtypes included: no op of theirs is one autocast recasts."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA device here")
+    dtype = torch.bfloat16 if device == "cpu" else torch.float16
+    batches = [x.to(device) for x in _batches(9)]
+    for name, kwargs in INFERENCE_CASES + [("PercentileObserver", {})]:
+        inside, outside = getattr(ot, name)(**kwargs).to(device), getattr(ot, name)(**kwargs).to(device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autocast(device, dtype=dtype):
+                for x in batches:
+                    inside(x)
+                got_qparams = inside.calculate_qparams()
+            for x in batches:
+                outside(x)
+            want_qparams = outside.calculate_qparams()
+        got, want = inside.state_dict(), outside.state_dict()
+        assert all(_same(got[k], want[k]) for k in want), name
+        assert all(_same(g, w) for g, w in zip(got_qparams, want_qparams)), name
