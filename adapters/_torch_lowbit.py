@@ -99,13 +99,10 @@ class _LowBitObserver(SyncMixin, ObserveLoop, RangeBuffers, EagerOnly, ObserverB
                                      collective=collective)  # fmt: skip
 
     def _write_state(self, state: MinMaxState) -> None:
-        buffers = self._buffers
-        replace = self.is_dynamic or buffers["min_val"].numel() == 0  # then the statistics fix shape and dtype
-        for name, value in zip(self._RANGE, state):
-            if replace:
-                buffers[name] = value
-            else:
-                self._copy_into(name, value)
+        if self.is_dynamic or self._buffers["min_val"].numel() == 0:  # the statistics fix shape and dtype
+            self._buffers.update(zip(self._RANGE, state))
+        else:
+            super()._write_state(state)
 
     def convert(self, model, node):
         """Called by torchao's ``convert_pt2e`` in place of its lowering: refused, since torchao's PT2E

@@ -132,22 +132,20 @@ class RangeBuffers:
         return None if min_val.numel() == 0 else MinMaxState(min_val, buffers["max_val"])
 
     def _write_state(self, state: MinMaxState) -> None:
+        """The state written into the buffers in place (resized first where a shape differs). A buffer made
+        under ``torch.inference_mode()``, which torch forbids updating in place once the mode is off, is
+        replaced by a copy of the value instead."""
+        buffers = self._buffers
         for name, value in zip(self._RANGE, state):
-            self._copy_into(name, value)
-
-    def _copy_into(self, name: str, value: torch.Tensor) -> None:
-        """``value`` written into the buffer ``name`` in place (resized first where its shape differs). A
-        buffer made under ``torch.inference_mode()``, which torch forbids updating in place once the mode is
-        off, is replaced by a copy of ``value`` instead."""
-        buffer = self._buffers[name]
-        if buffer.shape != value.shape:
-            buffer = self._resize_buffer(name, value.shape)
-        try:
-            buffer.copy_(value)
-        except RuntimeError:
-            if not buffer.is_inference():
-                raise
-            self._buffers[name] = value.clone()
+            buffer = buffers[name]
+            if buffer.shape != value.shape:
+                buffer = self._resize_buffer(name, value.shape)
+            try:
+                buffer.copy_(value)
+            except RuntimeError:
+                if not buffer.is_inference():
+                    raise
+                buffers[name] = value.clone()
 
     def _resize_buffer(self, name: str, shape) -> torch.Tensor:
         """The buffer ``name`` resized in place as torch does, or replaced by a new one (same dtype and
