@@ -37,6 +37,10 @@ def calculate_qparams(min_val: Array, max_val: Array, /, spec: QuantSpec, *, xp:
     - float qparams: ``s = where(s' > eps, s', 1)`` with ``s' = (x_max - x_min) / float(Q_max - Q_min)``,
       ``z = -x_min / s`` (the range's dtype).
 
+    ``eps`` is cast to the range's dtype, as torch's ``eps`` buffer is by ``.half()``: an ``eps`` below that
+    dtype's smallest subnormal (float16: ``6e-8``) becomes 0 there, so a zero float16 range then gets
+    scale 0, as in torch.
+
     Entries whose range is invalid (``min_val > max_val``, which includes a never-updated state of
     ``+inf``/``-inf``) get torch's fallback ``s = 1``, ``z = 0``; torch raises for ``min > max`` on an
     updated state, a data-dependent check that the adapters make outside of the core.
