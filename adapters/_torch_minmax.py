@@ -7,6 +7,7 @@ import functools
 import warnings
 from collections import OrderedDict
 
+import numpy as np
 import torch
 from torch.ao.quantization import observer as _torch_observer
 
@@ -19,6 +20,7 @@ from .. import (
     quant_spec,
     validate_qmin_qmax,
 )
+from .._dtypes import check_int32_zero_points
 from .._minmax import mean_of_replicas
 from .._qparams import UNINITIALIZED_WARNING
 from .._fixed import check_fixed_observer, check_fixed_qparams
@@ -255,8 +257,13 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
 
     def _quant_spec(self) -> QuantSpec:
         """The core's spec from the current attributes and the ``eps`` buffer (torch reads them at
-        call time too, so later changes to ``quant_min`` etc. are honoured)."""
-        return QuantSpec(
+        call time too, so later changes to ``quant_min`` etc. are honoured, and checked: integers, zero
+        points within int32, where torch would use a float bound or overflow)."""
+        for name in ("quant_min", "quant_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r} (set after construction)")
+        spec = QuantSpec(
             to_core_dtype(self.dtype),
             to_core_qscheme(self.qscheme),
             int(self.quant_min),
@@ -264,6 +271,8 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
             bool(self.has_customized_qrange),
             float(self.eps.reshape(-1)[0]),
         )
+        check_int32_zero_points(spec, f"quant_min={spec.quant_min}, quant_max={spec.quant_max} (set after construction)")
+        return spec
 
     def _calculate_qparams(self, min_val: torch.Tensor, max_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Scale and zero point of ``[min_val, max_val]`` (core ``calculate_qparams``), with torch's

@@ -221,17 +221,23 @@ def quant_spec(
     if has_customized_qrange:
         validate_qmin_qmax(quant_min, quant_max)
     qmin, qmax = calculate_qmin_qmax(quant_min, quant_max, has_customized_qrange, dtype, bool(reduce_range))
-    if qscheme in (QScheme.PER_TENSOR_AFFINE, QScheme.PER_CHANNEL_AFFINE) and not -(2**31) <= qmin <= qmax < 2**31:
-        # torch accepts such a range (e.g. for quint8) and then computes a wrapped-around zero point
-        raise ValueError(
-            f"quant_min={quant_min}, quant_max={quant_max} give the range [{qmin}, {qmax}]; affine zero points "
-            f"are int32, so it must lie within [{-(2**31)}, {2**31 - 1}]"
-        )
     spec = QuantSpec(dtype, qscheme, qmin, qmax, has_customized_qrange, eps)
-    if qscheme.is_symmetric and not -(2**31) <= spec.symmetric_zero_point < 2**31:
-        # torch gives an int64 zero point there; JAX without x64 has int32 only: refused on every backend
-        raise ValueError(
-            f"quant_min={quant_min}, quant_max={quant_max} give the symmetric zero point "
-            f"{spec.symmetric_zero_point}, outside int32 [{-(2**31)}, {2**31 - 1}]; use a narrower range"
-        )
+    check_int32_zero_points(spec, f"quant_min={quant_min}, quant_max={quant_max}")
     return spec
+
+
+def check_int32_zero_points(spec: QuantSpec, given: str) -> None:
+    """``ValueError`` unless ``spec``'s zero points fit int32: an affine scheme's whole range (torch accepts a
+    longer one, e.g. for quint8, and wraps the zero point around), a symmetric scheme's fixed zero point
+    (torch gives int64 there; JAX without x64 has int32 only). ``given``: the range as the user gave it."""
+    qmin, qmax = spec.quant_min, spec.quant_max
+    if spec.qscheme in (QScheme.PER_TENSOR_AFFINE, QScheme.PER_CHANNEL_AFFINE) and not -(2**31) <= qmin <= qmax < 2**31:
+        raise ValueError(
+            f"{given} give the range [{qmin}, {qmax}]; affine zero points are int32, so it must lie within "
+            f"[{-(2**31)}, {2**31 - 1}]"
+        )
+    if spec.qscheme.is_symmetric and not -(2**31) <= spec.symmetric_zero_point < 2**31:
+        raise ValueError(
+            f"{given} give the symmetric zero point {spec.symmetric_zero_point}, outside int32 "
+            f"[{-(2**31)}, {2**31 - 1}]; use a narrower range"
+        )

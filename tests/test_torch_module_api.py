@@ -212,3 +212,32 @@ def test_autocast_changes_nothing(device):
         got, want = inside.state_dict(), outside.state_dict()
         assert all(_same(got[k], want[k]) for k in want), name
         assert all(_same(g, w) for g, w in zip(got_qparams, want_qparams)), name
+
+
+@pytest.mark.parametrize("name", ["MinMaxObserver", "PerChannelMinMaxObserver", "HistogramObserver", "KLObserver"])
+def test_range_attributes_changed_after_construction_are_checked(name):
+    """torch's observers read ``quant_min``/``quant_max`` when computing qparams, so a later change counts
+    (ours as torch.ao's, bit for bit, for a valid range); a float bound (torch.ao computes with it, giving a
+    fractional zero point) is a ``TypeError``, a range whose zero points leave int32 (torch.ao: an overflow
+    ``RuntimeError``) a ``ValueError``, each naming the attributes, and the buffers stay as they were."""
+    x = _batches(2)[0]
+    if name != "KLObserver":
+        ours, theirs = getattr(ot, name)(), getattr(tao, name)()
+        for obs in (ours, theirs):
+            obs(x)
+            obs.quant_min, obs.quant_max = 10, 200
+        for g, w in zip(ours.calculate_qparams(), theirs.calculate_qparams()):
+            assert _same(g, w)
+    cases = [("quant_min", 1.5, TypeError, "quant_min must be an int")]
+    if name != "KLObserver":  # (KL's default is symmetric: its zero point stays 0 for any range)
+        cases.append(("quant_max", 2**40, ValueError, "affine zero points are int32"))
+    for attribute, value, error, match in cases:
+        obs = getattr(ot, name)()
+        obs(x)
+        before = copy.deepcopy(obs.state_dict())
+        setattr(obs, attribute, value)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(error, match=match):
+                obs.calculate_qparams()
+        assert all(_same(v, before[k]) for k, v in obs.state_dict().items())
