@@ -4,6 +4,7 @@ themselves are :mod:`._torch_backend`'s; imported by :mod:`observers_core.adapte
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from collections import OrderedDict
 
@@ -74,13 +75,26 @@ ObserverBase = _torch_observer.ObserverBase
 _FLOAT32_EPS = torch.finfo(torch.float32).eps
 
 
+def _user_strict() -> bool:
+    """The ``strict`` of the ``nn.Module.load_state_dict`` call under way, read from its frame (torch passes
+    ``True`` to every module's ``_load_from_state_dict`` whatever the caller chose); ``True`` when none is
+    found (a direct ``_load_from_state_dict`` call)."""
+    code = torch.nn.Module.load_state_dict.__code__
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return True if frame is None else bool(frame.f_locals.get("strict", True))
+
+
 def all_or_nothing(load):
     """For a torch observer's ``_load_from_state_dict``: a load that fails leaves the buffers as they were
     (and, outside ``torch.inference_mode()``, buffers made under it are normal copies first, which torch's
     in-place load can write).
     torch copies the entries present before ``load_state_dict(strict=True)`` raises for the missing or
-    unexpected ones; here, when this module's own keys are missing or unexpected (strict) or a check raises,
-    its buffers are restored. Nested overrides (``super()`` calls) are guarded once, by the outermost."""
+    unexpected ones; here, when this module's own keys are missing or unexpected in a strict load, or a check
+    raises, its buffers are restored. A ``strict=False`` load copies the entries present, as torch's does,
+    and the state they make with the buffers kept is then checked as a whole load would be. Nested overrides
+    (``super()`` calls) are guarded once, by the outermost."""
 
     @functools.wraps(load)
     def guarded(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
@@ -95,16 +109,19 @@ def all_or_nothing(load):
         self.__dict__["_loading_state"] = True
         try:
             load(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+            if len(missing_keys) + len(unexpected_keys) > keys_before:
+                if _user_strict():
+                    self._buffers.update(saved)
+                else:  # the partial load's result, checked by loading it whole
+                    whole = {prefix + k: v.detach().clone() for k, v in self.state_dict().items()}
+                    load(self, whole, prefix, {"version": self._version}, strict, [], [], [])
         except BaseException:
             self._buffers.update(saved)
             raise
         finally:
             self.__dict__["_loading_state"] = False
-        if strict and len(missing_keys) + len(unexpected_keys) > keys_before:
-            self._buffers.update(saved)
 
     return guarded
-
 
 
 class EagerOnly:
@@ -255,10 +272,11 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
 
     # -- shared helpers ---------------------------------------------------------------------------
 
-    def _quant_spec(self) -> QuantSpec:
-        """The core's spec from the current attributes and the ``eps`` buffer (torch reads them at
-        call time too, so later changes to ``quant_min`` etc. are honoured, and checked: integers, zero
-        points within int32, where torch would use a float bound or overflow)."""
+    def _quant_spec(self, eps: float | None = None) -> QuantSpec:
+        """The core's spec from the current attributes and the ``eps`` buffer (or ``eps``: at construction,
+        where the buffer may be on the meta device) (torch reads them at call time too, so later changes to
+        ``quant_min`` etc. are honoured, and checked: integers, zero points within int32, where torch would
+        use a float bound or overflow)."""
         for name in ("quant_min", "quant_max"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -269,7 +287,7 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
             int(self.quant_min),
             int(self.quant_max),
             bool(self.has_customized_qrange),
-            float(self.eps.reshape(-1)[0]),
+            float(self.eps.reshape(-1)[0]) if eps is None else float(eps),
         )
         check_int32_zero_points(spec, f"quant_min={spec.quant_min}, quant_max={spec.quant_max} (set after construction)")
         return spec
@@ -395,7 +413,7 @@ class _MinMaxFamily(UniformQuantizationObserverBase):
             dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max,
             factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **kwargs,
         )
-        minmax_family.check_reduce_range(self._quant_spec(), reduce_range, owner)
+        minmax_family.check_reduce_range(self._quant_spec(eps), reduce_range, owner)
         factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
         if per_channel:
             self.ch_axis = int(ch_axis)

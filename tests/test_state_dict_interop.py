@@ -186,3 +186,51 @@ def test_a_state_dict_missing_or_adding_a_key_changes_nothing(name, kwargs):
         observer.load_state_dict(extra)
     after = observer.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), "an unexpected key let the other state in"
+
+
+@pytest.mark.parametrize("name, kwargs", [
+    ("MinMaxObserver", {}), ("MovingAveragePerChannelMinMaxObserver", dict(ch_axis=0)), ("HistogramObserver", {}),
+    ("KLObserver", {}), ("MixObserver", {}), ("PerGroupMinMaxObserver", dict(group_size=4)),
+    ("FixedQParamsObserver", dict(scale=0.1, zero_point=0)),
+])
+def test_a_non_strict_load_copies_the_entries_present(name, kwargs):
+    """``load_state_dict(strict=False)`` copies the entries present and keeps the buffers of the missing
+    one, which it reports, as torch's does, bit for bit as torch.ao's class where there is one (torch passes
+    ``strict=True`` to every module's own load, so the strict guard above had restored everything: such a
+    load changed nothing). A partial load whose entries make, with the buffers kept, a state that a whole
+    load refuses (``min_val > max_val``) raises ``ValueError`` with the buffers as they were."""
+    import torch.ao.quantization.observer as tao
+
+    from observers_core.adapters import torch as tobs
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(3, 8, generator=g) * 2 - 1  # kept entries in [-1, 1]; every group, row and tensor of the
+    y = (torch.rand(3, 8, generator=g) * 5 + 5) * torch.tensor([1.0, -1.0] * 4)  # loaded ones spans [-5, 5]
+    libraries = [tobs] + ([tao] if hasattr(tao, name) else [])
+    for missing in getattr(tobs, name)(**kwargs).state_dict():
+        ends = []
+        for library in libraries:
+            observer, other = getattr(library, name)(**kwargs), getattr(library, name)(**kwargs)
+            observer(x)
+            other(y)
+            before = {k: v.clone() for k, v in observer.state_dict().items()}
+            partial = other.state_dict()
+            del partial[missing]
+            result = observer.load_state_dict(partial, strict=False)
+            after = observer.state_dict()
+            assert all(torch.equal(after[k], partial[k] if k in partial else before[k]) for k in before), missing
+            ends.append(after)
+            if library is tobs:
+                assert result.missing_keys == [missing] and result.unexpected_keys == []
+        assert all(torch.equal(ends[0][k], ends[-1][k]) for k in ends[0]), f"differs from torch.ao's ({missing})"
+    if "max_val" in getattr(tobs, name)(**kwargs).state_dict() and "MovingAverage" not in name:
+        observer, other = getattr(tobs, name)(**kwargs), getattr(tobs, name)(**kwargs)
+        observer(x)
+        other(x + 100)  # its min_val with the kept max_val: min > max
+        before = {k: v.clone() for k, v in observer.state_dict().items()}
+        partial = other.state_dict()
+        del partial["max_val"]
+        with pytest.raises(ValueError, match="min_val"):
+            observer.load_state_dict(partial, strict=False)
+        after = observer.state_dict()
+        assert all(torch.equal(before[k], after[k]) for k in before), "a refused partial load changed the state"

@@ -241,3 +241,26 @@ def test_range_attributes_changed_after_construction_are_checked(name):
             with pytest.raises(error, match=match):
                 obs.calculate_qparams()
         assert all(_same(v, before[k]) for k, v in obs.state_dict().items())
+
+
+@pytest.mark.parametrize("name", sorted({*MINMAX, "HistogramObserver"}))
+def test_observers_build_on_the_meta_device(name):
+    """Deferred initialisation (``with torch.device("meta")``, ``to_empty``, then a checkpoint's load), as
+    for a large model: our observers build on the meta device (they read the ``eps`` buffer's value at
+    construction before: ``Tensor.item() cannot be called on meta tensors``) with torch.ao's buffers
+    (names, shapes, dtypes), and once materialised and loaded they go on as the checkpoint's observer."""
+    checkpoint = getattr(ot, name)()
+    first, second, _ = _batches(3)
+    checkpoint(first)
+    with torch.device("meta"):
+        ours, theirs = getattr(ot, name)(), getattr(tao, name)()
+    shapes = [{k: (v.device.type, v.shape, v.dtype) for k, v in obs.state_dict().items()} for obs in (ours, theirs)]
+    assert shapes[0] == shapes[1] and all(device == "meta" for device, _, _ in shapes[0].values())
+    ours = ours.to_empty(device="cpu")
+    ours.load_state_dict(checkpoint.state_dict())
+    for obs in (ours, checkpoint):
+        obs(second)
+    got, want = ours.state_dict(), checkpoint.state_dict()
+    assert all(_same(got[k], want[k]) for k in want)
+    for g, w in zip(ours.calculate_qparams(), checkpoint.calculate_qparams()):
+        assert _same(g, w)
