@@ -37,7 +37,8 @@ Horizon conventions kept: ``ch_axis=-1`` means per tensor, ``ch_axis >= 0`` per 
 Differences, all deliberate:
 
 - NaN and +/-Inf are always skipped (the histograms cannot count them); a batch (or channel) with no
-  finite value leaves the statistics as they are. Empty inputs are no-ops (and no KL step).
+  finite value leaves the statistics as they are. A float64 batch is observed as float32, so a value beyond
+  float32's range is skipped too. Empty inputs are no-ops (and no KL step).
 - ``is_sync_quantize=True`` raises ``NotImplementedError``: a stateful call here syncs nothing. Sync a
   step through the pure ``update(state, x, collective=...)`` (JAX: ``axis_name=`` inside
   ``shard_map``/``pmap``); the torch observers take the flag (``torch.distributed``).

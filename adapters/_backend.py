@@ -35,10 +35,18 @@ from observers_core._state_dict import EXTENSION_FLOATS
 Array = Any
 
 
+def plain_ndarray(x: np.ndarray) -> np.ndarray:
+    """``x`` as a base ``numpy.ndarray`` (a ``np.matrix`` or ``np.memmap`` becomes a view of the same data,
+    which the compiled kernels take); a masked array is refused with a ``TypeError``: its masked entries
+    would be counted."""
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError("x must not be a numpy masked array (its masked entries would be observed); "
+                        "pass x.compressed() or x.filled(value)")
+    return np.asarray(x)
+
 
 class Backend:
     """Any array-API namespace given as ``xp=`` (NumPy by default, ``array_api_strict``...): eager calls."""
-
 
     def __init__(self, xp: Any) -> None:
         self.xp = xp
@@ -70,6 +78,8 @@ class Backend:
             x_xp = None
         if x_xp is not self.xp:
             raise TypeError(f"x must be an array of {self.xp.__name__}, got {type(x).__module__}.{type(x).__name__}")
+        if isinstance(x, np.ndarray):
+            x = plain_ndarray(x)
         if getattr(x.dtype, "name", None) in EXTENSION_FLOATS:  # ml_dtypes bfloat16 & co. on numpy
             x = x.astype(np.float32)
         return x

@@ -51,7 +51,7 @@ from jax import lax
 
 from observers_core._collective import check_collective
 
-from ._backend import FrameworkBackend
+from ._backend import FrameworkBackend, plain_ndarray
 from ._catalog import CLASSES, bind
 
 __all__ = ["AxisCollective", *(cls.__name__ for cls in CLASSES)]
@@ -171,6 +171,10 @@ class JaxBackend(FrameworkBackend):
         if isinstance(x, jax.Array):  # tracers included: obs.update runs inside jit
             return x
         if isinstance(x, np.ndarray):
+            x = plain_ndarray(x)
+            if x.dtype.kind in "iu" and x.dtype.itemsize == 8 and not jax.config.jax_enable_x64:
+                # jnp.asarray would wrap it to 32 bits (2**62 -> 0); the observers count integers in float32
+                x = x.astype(np.float32)
             return jnp.asarray(x)
         raise TypeError(f"x must be a jax.Array or numpy.ndarray, got {type(x).__module__}.{type(x).__name__}")
 

@@ -360,11 +360,21 @@ def mix_range(x: Array, hist: CalibHistogram, lo: Array, hi: Array, *, axis: int
     return xp.min(xp.where(picked, lo_k, INF), axis=-1), xp.max(xp.where(picked, hi_k, -INF), axis=-1), choice
 
 
+def as_float32(x: Array, xp: Any) -> Array:
+    """A float64 batch as float32, the dtype of the calibration statistics: every framework then observes
+    the same values (JAX without x64 casts so itself), and one that float32 cannot hold is ``±inf``,
+    skipped as every non-finite value (kept float64, the range and the histogram disagreed: a NaN Mix
+    range from finite data)."""
+    return xp.astype(x, xp.float32) if x.dtype == xp.float64 else x
+
+
 def batch_update(state: MinMaxState, x: Array, /, *, axis: int | None, config: CalibConfig, xp: Any,
                  collective: Any = None) -> tuple[MinMaxState, Array | None]:
     """One batch of a per-batch method (percentile, MSE, mix): its clipped range averaged into ``state``;
     also MixObserver's choice (``None`` otherwise). ``x`` must not be empty, unless a collective makes
-    the batch every member's (then the histogram, range and Mix errors are every member's)."""
+    the batch every member's (then the histogram, range and Mix errors are every member's). float64
+    ``x`` is observed as float32 (:func:`as_float32`)."""
+    x = as_float32(x, xp)
     lo, hi = observed_range(x, axis=axis, xp=xp, collective=collective)
     hist = abs_histogram(x, axis=axis, bins=config.bins, xp=xp, collective=collective, seen=(lo, hi))
     choice = None
@@ -399,7 +409,9 @@ def check_accumulator_channels(acc: KLAccumulator, channels: int | None, ch_axis
 def kl_accumulate(acc: KLAccumulator, x: Array, /, *, axis: int | None, xp: Any, collective: Any = None
                   ) -> KLAccumulator:
     """``x`` counted into the histogram of ``|x|`` and the running finite range (with a collective,
-    every member's ``x``: exactly the accumulator of the concatenated batch)."""
+    every member's ``x``: exactly the accumulator of the concatenated batch). float64 ``x`` is observed as
+    float32 (:func:`as_float32`)."""
+    x = as_float32(x, xp)
     lo, hi = observed_range(x, axis=axis, xp=xp, collective=collective)
     hist = _abs_update(acc.hist, x, axis, xp, collective, (lo, hi))  # (checks the channel count)
     # minmax_update(acc.seen, x)'s operations, in its order
