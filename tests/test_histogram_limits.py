@@ -127,3 +127,27 @@ def test_range_wider_than_float32_max_rebins_alike_on_both_paths():
     hist = fast.histogram.numpy()
     # the three old values sit near 0, i.e. 3.4e38 / 3.86e38 of the way up: bin 14 of 16
     assert hist.sum() == 6 and hist[14] == 3 and hist[0] == 1, hist
+
+
+def test_float64_values_beyond_float32_are_inf_and_dropped_as_torch_drops_inf():
+    """A float64 batch is binned as its float32 cast: a value beyond float32's range is ``±inf`` and
+    dropped, as torch's observer drops ``inf`` in a float32 batch (ours equal torch's there, bit for bit).
+    torch's observer instead keeps it as ``max_val = inf`` and raises at the next batch (``histc``: range
+    not finite)."""
+    nxt = torch.tensor([0.25, -0.5, 1.0, 2.5])
+    for extreme in (1e300, -1e300, 4e38, -3.5e38):
+        wide = torch.tensor([extreme, 0.5, -2.0, 3.0], dtype=torch.float64)
+        ours, float32_ours, float32_torch = HistogramObserver(), HistogramObserver(), TorchHistogramObserver()
+        ours(wide)
+        ours(nxt)
+        for obs in (float32_ours, float32_torch):
+            obs(wide.float())  # the cast: ±inf
+            obs(nxt)
+        got, mine, want = (o.state_dict() for o in (ours, float32_ours, float32_torch))
+        assert all(torch.equal(got[k], want[k]) and torch.equal(mine[k], want[k]) for k in want), extreme
+        theirs = TorchHistogramObserver()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            theirs(wide)
+            with pytest.raises(RuntimeError, match="not finite"):
+                theirs(nxt)
