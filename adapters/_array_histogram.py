@@ -145,7 +145,10 @@ class HistogramObserver(UniformQuantizationObserverBase):
 
     @state.setter
     def state(self, state: HistogramState | None) -> None:
-        self._state = None if state is None else self._as_state(state)
+        if state is not None:
+            state = self._as_state(state)
+            self._check_state_arrays(state)
+        self._state = state
 
     @property
     def histogram(self) -> Array:

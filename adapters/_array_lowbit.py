@@ -123,6 +123,7 @@ class LowBitObserver(StatefulObserver):
             if not isinstance(state, tuple) or len(state) != 2:
                 raise TypeError(f"state must be a MinMaxState(min_val, max_val) or None, got {type(state).__name__}")
             state = MinMaxState(*state)
+            self._check_state_arrays(state)
             if tuple(state.min_val.shape) != tuple(state.max_val.shape):
                 raise ValueError(
                     f"state must hold min_val and max_val of one shape, got {tuple(state.min_val.shape)} "

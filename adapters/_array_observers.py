@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import array_api_compat
 import numpy as np
 
 from observers_core._dtypes import FLOAT32_EPS, QScheme, quant_spec
@@ -182,6 +183,19 @@ class StatefulObserver(ObserveLoop, ObserverBase):
         """Forget everything seen (per channel, the channel count too)."""
         self._state = None
 
+    def _check_state_arrays(self, state: tuple) -> None:
+        """``TypeError`` unless every entry of the NamedTuple ``state`` (given to the ``state`` setter) is an
+        array of this observer's namespace with a real floating dtype, as the pure steps return (an integer
+        state would truncate every later update; a NumPy array in a JAX observer would stay one)."""
+        for name, value in zip(state._fields, state):
+            try:
+                same = array_api_compat.array_namespace(value) is self._xp
+            except TypeError:
+                same = False
+            if not same or not self._xp.isdtype(value.dtype, "real floating"):
+                raise TypeError(f"state.{name} must be a real floating array of {self._xp.__name__}, got "
+                                f"{type(value).__module__}.{type(value).__name__} {getattr(value, 'dtype', '')}")
+
     def _read_state(self) -> Any:
         return self._state
 
@@ -278,6 +292,7 @@ class UniformQuantizationObserverBase(StatefulObserver):
         if not isinstance(state, tuple) or len(state) != 2:
             raise TypeError(f"state must be a MinMaxState(min_val, max_val), got {type(state).__name__}")
         state = MinMaxState(*state)
+        self._check_state_arrays(state)
         expected = "(C,)" if self._PER_CHANNEL else "()"
         ok = state.min_val.shape == state.max_val.shape and len(state.min_val.shape) == (1 if self._PER_CHANNEL else 0)
         if not ok:

@@ -7,7 +7,10 @@
   wrapped them to 32 bits: 2**62 became 0);
 - the calibration observers observe a float64 batch as float32 on every framework, so a value beyond
   float32's range is skipped as ±inf everywhere (NumPy and torch kept it: a NaN MixObserver range from
-  finite data, and ranges unlike JAX's)."""
+  finite data, and ranges unlike JAX's);
+- the ``state`` setter refuses a state of integer arrays (every later update was truncated to integers)
+  or of another library's arrays (a JAX observer kept NumPy float64 values), with a ``TypeError`` naming
+  the entry, the state untouched."""
 
 from __future__ import annotations
 
@@ -115,3 +118,23 @@ def test_calibration_observes_float64_batches_as_float32_everywhere(name):
         for x in batches:
             obs(convert(x))
         assert _equal(_results(obs, name), want), (framework, _results(obs, name), want)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "jax"])
+@pytest.mark.parametrize("name", ["MinMaxObserver", "PerChannelMinMaxObserver", "HistogramObserver", "FP8Observer",
+                                  "MSEObserver"])
+def test_state_setter_takes_floating_arrays_of_the_observers_library(name, framework):
+    make = _numpy_class(name) if framework == "numpy" else getattr(jax_observers, name)
+    own = np.asarray if framework == "numpy" else jax.numpy.asarray
+    other = jax.numpy.asarray if framework == "numpy" else np.asarray
+    obs = make(**KWARGS.get(name, {}))
+    obs(own(_batch(0)))
+    good = type(obs.state)(*(own(np.asarray(a) * 2) for a in obs.state))
+    obs.state = good  # floating arrays of its own library: taken as they are
+    assert all(a is b for a, b in zip(obs.state, good))
+    before = _results(obs, name)
+    for bad in (type(good)(*(own(np.asarray(a).astype(np.int32)) for a in good)),
+                type(good)(*(other(np.asarray(a)) for a in good))):
+        with pytest.raises(TypeError, match=r"state\.\w+ must be a real floating array"):
+            obs.state = bad
+        assert _equal(_results(obs, name), before)
