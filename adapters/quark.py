@@ -72,7 +72,11 @@ float32 casts the scale as Quark does. Differences from Quark 0.13:
   (the top 3 bins of one 2048-bin batch, more once later batches grow the histogram); ours tries
   every bin (:func:`observers_core.mse_threshold`), so it clips harder (measured: scales 3 % to 8 %
   below Quark's). Only ``symmetric=True`` is supported (Quark's asymmetric histograms are signed;
-  ours are of ``|x|``): ``symmetric=False`` raises ``ValueError``.
+  ours are of ``|x|``): ``symmetric=False`` raises ``ValueError``;
+- where Quark raises, ours follow torch.ao's rules: a NaN poisons the min/max and histogram observers'
+  state (NaN scale, as torch.ao's; Quark: ``AssertionError``/``RuntimeError``), the percentile and MSE
+  observers skip NaN and inf (Quark: ``histc`` range not finite), and an integer batch is binned as its
+  float32 cast (Quark's histogram observer: ``NotImplementedError`` for int64).
 """
 
 from __future__ import annotations

@@ -396,6 +396,46 @@ def test_quark_percentile_mse(quark, name, dtype):
     _same(direct.calculate_qparams(), one.calculate_qparams())
 
 
+
+def test_quark_nan_and_integer_batches(quark):
+    """Where Quark 0.13 raises, ours follow torch.ao's rules (the adapter's docstring): a NaN poisons the
+    min/max and histogram observers' state (NaN scale, as torch.ao's) where Quark's raise, the percentile
+    observer skips NaN and inf where Quark's histc raises, and an int64 batch is binned as its float32 cast
+    where Quark's histogram observer raises NotImplementedError."""
+    second = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
+    nan = second.clone()
+    nan[0, :3] = float("nan")
+    inf = second.clone()
+    inf[0, :3] = float("inf")
+    integers = torch.arange(-16, 16).reshape(4, 8)
+    cases = [("PerTensorMinMaxObserver", nan, "nan"), ("PerChannelMinMaxObserver", nan, "nan"),
+             ("PerTensorHistogramObserverPro", nan, "nan"), ("PerTensorPercentileObserver", nan, "finite"),
+             ("PerTensorPercentileObserver", inf, "finite"), ("PerTensorHistogramObserverPro", integers, "float")]
+    for name, x, rule in cases:
+        per_channel = "Channel" in name
+        qspec = _int_spec(quark, "int8", "per_channel" if per_channel else "per_tensor", name,
+                          ch_axis=0 if per_channel else None)
+        ours, theirs = _quark_pair(quark, name, qspec)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises((AssertionError, RuntimeError, NotImplementedError, OverflowError)):
+                theirs(x)
+                theirs(second)
+                theirs._calculate_qparams()
+            ours(x)
+            ours(second)
+            scale = ours._calculate_qparams()[0]
+        if rule == "nan":
+            assert bool(scale.isnan().any())
+            continue
+        twin = _quark_pair(quark, name, qspec)[0]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            twin(x[torch.isfinite(x)] if rule == "finite" else x.float())
+            twin(second)
+            _same(twin._calculate_qparams(), ours._calculate_qparams())
+
+
 def test_quark_search_observers_before_data():
     from types import SimpleNamespace
 
