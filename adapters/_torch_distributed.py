@@ -149,7 +149,7 @@ class SyncMixin:
         synced batch) that every rank's observer has this configuration: ``ValueError`` on every rank."""
         if not self.__dict__.get("sync", False):
             return None
-        _check_initialized(f"{type(self).__name__}(sync=True)")
+        _check_initialized(f"{type(self).__name__}(sync=True, alias is_sync_quantize=True)")
         if not self._sync_checked:
             _check_same_everywhere([("observer", self._sync_fingerprint())], self.process_group, "sync=True")
             self._sync_checked = True

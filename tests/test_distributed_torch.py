@@ -469,3 +469,21 @@ def test_a_dead_rank_gives_the_others_an_error_within_the_timeout(tmp_path):
 
 if __name__ == "__main__":
     _rank_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]))
+
+
+def test_sync_without_a_process_group_names_both_spellings():
+    """``sync=True`` (Horizon's ``is_sync_quantize=True``) outside ``torch.distributed``: a RuntimeError that
+    names both spellings and what to call, before anything is observed."""
+    import torch.distributed as dist
+
+    from observers_core.adapters import horizon
+    from observers_core.adapters import torch as tobs
+
+    if dist.is_initialized():
+        pytest.skip("this process already has a process group")
+    for obs in (tobs.MinMaxObserver(sync=True), horizon.MinMaxObserver(is_sync_quantize=True)):
+        before = {k: v.clone() for k, v in obs.state_dict().items()}
+        with pytest.raises(RuntimeError, match=r"sync=True, alias is_sync_quantize=True\) needs torch.distributed "
+                                               r"initialised: call torch.distributed.init_process_group"):
+            obs(torch.randn(3, 4))
+        assert all(torch.equal(before[k], v) for k, v in obs.state_dict().items())
