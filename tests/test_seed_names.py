@@ -400,7 +400,7 @@ def test_quark_percentile_mse(quark, name, dtype):
 def test_quark_nan_and_integer_batches(quark):
     """Where Quark 0.13 raises, ours follow torch.ao's rules (the adapter's docstring): a NaN poisons the
     min/max and histogram observers' state (NaN scale, as torch.ao's) where Quark's raise, the percentile
-    observer skips NaN and inf where Quark's histc raises, and an int64 batch is binned as its float32 cast
+    and MSE observers skip NaN and inf where Quark's histc raises, and an int64 batch is binned as its float32 cast
     where Quark's histogram observer raises NotImplementedError."""
     second = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
     nan = second.clone()
@@ -410,7 +410,8 @@ def test_quark_nan_and_integer_batches(quark):
     integers = torch.arange(-16, 16).reshape(4, 8)
     cases = [("PerTensorMinMaxObserver", nan, "nan"), ("PerChannelMinMaxObserver", nan, "nan"),
              ("PerTensorHistogramObserverPro", nan, "nan"), ("PerTensorPercentileObserver", nan, "finite"),
-             ("PerTensorPercentileObserver", inf, "finite"), ("PerTensorHistogramObserverPro", integers, "float")]
+             ("PerTensorPercentileObserver", inf, "finite"), ("PerTensorMSEObserver", nan, "finite"),
+             ("PerTensorMSEObserver", inf, "finite"), ("PerTensorHistogramObserverPro", integers, "float")]
     for name, x, rule in cases:
         per_channel = "Channel" in name
         qspec = _int_spec(quark, "int8", "per_channel" if per_channel else "per_tensor", name,
