@@ -128,6 +128,7 @@ class _HistogramObserver(UniformQuantizationObserverBase):
         return merge_keys(states, self._SYNC_BUFFERS, partial(reduce, lambda a, b: family.merge(config, a, b)),
                           wrap=lambda *v: HistogramState(*(t.float() for t in v)))  # fmt: skip
 
+    @torch.no_grad()  # buffers a user marked requires_grad take the copy, as torch's (which reassigns them)
     def _write_state(self, state: HistogramState) -> None:
         buffers = self._buffers
         for name, value in zip(("histogram", "min_val", "max_val"), state):

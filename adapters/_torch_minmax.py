@@ -4,6 +4,7 @@ themselves are :mod:`._torch_backend`'s; imported by :mod:`observers_core.adapte
 from __future__ import annotations
 
 import functools
+import numbers
 import sys
 import warnings
 from collections import OrderedDict
@@ -171,6 +172,8 @@ class RangeBuffers:
         device) where its storage cannot be resized (pinned, shared or borrowed from NumPy)."""
         buffer = self._buffers[name]
         try:
+            if buffer.is_shared():  # torch's resize_ of shared storage crashes the process (segfault)
+                raise RuntimeError("shared storage")
             buffer.resize_(shape)
         except RuntimeError:
             self._buffers[name] = buffer = torch.empty(shape, dtype=buffer.dtype, device=buffer.device)
@@ -281,6 +284,8 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r} (set after construction)")
+        if self.quant_min > self.quant_max:
+            raise ValueError(f"quant_min={self.quant_min} must be <= quant_max={self.quant_max} (set after construction)")
         spec = QuantSpec(
             to_core_dtype(self.dtype),
             to_core_qscheme(self.qscheme),
@@ -372,12 +377,18 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
         """One step of the min/max family (:func:`observers_core.families.minmax.step`). Per channel the
         channel axis is swapped to the front first, as torch does, so that the reduction visits the
         elements in torch's order (which of -0.0 and 0.0 is the minimum depends on it)."""
+        constant = self.averaging_constant if self._AVERAGING else None
+        if self._AVERAGING and not isinstance(constant, (numbers.Real, torch.Tensor)):
+            # read at each batch, as torch does: a value set after construction that torch's arithmetic
+            # refuses is refused here too (None would silently switch to the running range)
+            raise TypeError(f"averaging_constant must be a real number, got {type(constant).__name__} "
+                            f"{constant!r} (set after construction)")
         if axis is not None and axis != 0:
             dims = list(range(x.ndim))
             dims[0], dims[axis] = axis, 0
             x, axis = x.permute(dims), 0
         return minmax_family.step(
-            state, x, axis=axis, averaging_constant=self.averaging_constant if self._AVERAGING else None,
+            state, x, axis=axis, averaging_constant=constant,
             ignore_nonfinite=self.ignore_nonfinite, collective=collective, xp=TORCH.fast_xp,
         )
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from ._validate import check_eps
 
-__all__ = ["EXTENSION_FLOATS", "host_array", "check_entry", "check_keys", "check_minmax_entries"]
+__all__ = ["EXTENSION_FLOATS", "host_array", "check_entry", "check_keys", "check_minmax_entries", "check_scalar_entry"]
 
 #: NumPy extension float dtypes (ml_dtypes) that the array-API namespaces do not know; cast to float32.
 EXTENSION_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
@@ -49,6 +49,16 @@ def check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.ndar
     return arr
 
 
+def check_scalar_entry(value: Any, name: str) -> np.ndarray:
+    """A per-tensor entry as a 0-d numpy array (:func:`check_entry`): shape ``()``, or ``(1,)`` read as its
+    one value (``nn.Module``'s loader turns a one-element 1-d entry into a 0-d buffer, so torch's
+    observers load it)."""
+    arr = check_entry(value, name, None)
+    if arr.shape not in ((), (1,)):
+        raise ValueError(f"state_dict[{name!r}] must have shape () (or (1,)), got {arr.shape}")
+    return arr.reshape(())
+
+
 def check_keys(state_dict: Any, expected: tuple[str, ...], owner: str) -> None:
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
@@ -70,11 +80,13 @@ def check_minmax_entries(
     float32 normal; each ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``), or
     ``disordered_ok``: torch's moving average ``x + c (t - x)`` reaches ``min_val > max_val`` itself
     (overflow, cancellation), so the moving-average observers load such states as they save them.
+    Per tensor a one-element ``(1,)`` entry is its 0-d value, as ``nn.Module``'s loader takes it.
     Shared by every adapter's ``load_state_dict``, so all accept and refuse the same."""
     eps = check_entry(eps, "eps", (1,))
-    shape = None if per_channel else ()
-    lo = check_entry(min_val, "min_val", shape)
-    hi = check_entry(max_val, "max_val", shape)
+    if per_channel:
+        lo, hi = check_entry(min_val, "min_val", None), check_entry(max_val, "max_val", None)
+    else:
+        lo, hi = check_scalar_entry(min_val, "min_val"), check_scalar_entry(max_val, "max_val")
     if per_channel and (lo.ndim != 1 or lo.shape != hi.shape):
         raise ValueError(
             f"state_dict['min_val'] and ['max_val'] must both have shape (C,) for {owner}, got {lo.shape} and {hi.shape}"

@@ -371,7 +371,7 @@ def test_uninitialised_per_channel_state_dict_loads_both_ways(generic):
     [
         ("MinMaxObserver", {"extra": np.zeros(())}, ValueError, "unexpected: \\['extra'\\]"),
         ("MinMaxObserver", {"min_val": None}, ValueError, "missing: \\['min_val'\\]"),
-        ("MinMaxObserver", {"min_val": np.zeros((1,), np.float32)}, ValueError, "min_val.*shape \\(\\)"),
+        ("MinMaxObserver", {"min_val": np.zeros((2,), np.float32)}, ValueError, "min_val.*shape \\(\\)"),
         ("MinMaxObserver", {"eps": np.zeros((), np.float32)}, ValueError, "eps.*shape \\(1,\\)"),
         ("MinMaxObserver", {"eps": np.zeros((1,), np.float32)}, ValueError, "eps.*positive"),
         ("MinMaxObserver", {"min_val": np.array(5.0, np.float32)}, ValueError, "min_val > max_val"),

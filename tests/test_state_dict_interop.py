@@ -106,6 +106,29 @@ def test_corrupted_state_dicts_are_refused_alike(name, framework):
     assert kinds == expected
 
 
+@pytest.mark.parametrize("name", ["MinMaxObserver", "MovingAverageMinMaxObserver"])
+@pytest.mark.parametrize("framework", list(FRAMEWORKS))
+def test_a_one_element_per_tensor_entry_loads_as_its_value(name, framework):
+    """``nn.Module``'s loader turns a one-element ``(1,)`` entry into the 0-d buffer, so torch.ao's per-tensor
+    observers load ``min_val=[v]``: every framework's does too (they refused it), with torch.ao's state and
+    qparams after one more batch; ``(2,)`` stays refused (test above)."""
+    x = np.linspace(-3.0, 5.0, 12, dtype=np.float32).reshape(3, 4)
+    loaded = {"eps": np.array([np.finfo(np.float32).eps], np.float32), "min_val": np.array([-1.0], np.float32),
+              "max_val": np.array([2.0], np.float32)}
+    tao = getattr(torch.ao.quantization.observer, name)()
+    tao.load_state_dict({k: torch.from_numpy(v) for k, v in loaded.items()})
+    tao(torch.from_numpy(x))
+    module, asarray = FRAMEWORKS[framework]
+    obs = getattr(module, name)()
+    obs.load_state_dict(loaded)
+    assert _entries(obs)["min_val"].shape == ()
+    obs(asarray(x))
+    for key, value in tao.state_dict().items():
+        np.testing.assert_array_equal(_entries(obs)[key], value.numpy())
+    for a, b in zip(_qparams(obs), _qparams(tao)):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("name", ["MovingAverageMinMaxObserver", "MovingAveragePerChannelMinMaxObserver"])
 @pytest.mark.parametrize("source", list(FRAMEWORKS))
 def test_a_moving_average_that_overflowed_saves_and_loads_everywhere(name, source):

@@ -228,7 +228,8 @@ def test_range_attributes_changed_after_construction_are_checked(name):
             obs.quant_min, obs.quant_max = 10, 200
         for g, w in zip(ours.calculate_qparams(), theirs.calculate_qparams()):
             assert _same(g, w)
-    cases = [("quant_min", 1.5, TypeError, "quant_min must be an int")]
+    cases = [("quant_min", 1.5, TypeError, "quant_min must be an int"),
+             ("quant_min", 300, ValueError, "quant_min=300 must be <= quant_max")]  # (it said: zero points int32)
     if name != "KLObserver":  # (KL's default is symmetric: its zero point stays 0 for any range)
         cases.append(("quant_max", 2**40, ValueError, "affine zero points are int32"))
     for attribute, value, error, match in cases:
@@ -241,6 +242,67 @@ def test_range_attributes_changed_after_construction_are_checked(name):
             with pytest.raises(error, match=match):
                 obs.calculate_qparams()
         assert all(_same(v, before[k]) for k, v in obs.state_dict().items())
+
+
+@pytest.mark.parametrize("name", ["MovingAverageMinMaxObserver", "MovingAveragePerChannelMinMaxObserver"])
+def test_averaging_constant_changed_after_construction(name):
+    """torch.ao reads ``averaging_constant`` at each batch: a later number counts (ours as torch.ao's, bit for
+    bit, also outside [0, 1], which torch.ao extrapolates with), and a value its arithmetic refuses
+    (``None``, a string) is a ``TypeError`` with the buffers untouched (ours averaged with ``float("0.5")``,
+    and ``None`` silently switched to the running range)."""
+    first, second, third = _batches(5)
+    for value in (0.25, 1, 2.0, True):
+        ours, theirs = getattr(ot, name)(), getattr(tao, name)()
+        for obs in (ours, theirs):
+            obs(first)
+            obs.averaging_constant = value
+            obs(second)
+        assert all(_same(ours.state_dict()[k], v) for k, v in theirs.state_dict().items()), value
+    for value in (None, "0.5"):
+        ours, theirs = getattr(ot, name)(), getattr(tao, name)()
+        for obs in (ours, theirs):
+            obs(first)
+            obs.averaging_constant = value
+        with pytest.raises(TypeError):
+            theirs(second)
+        before = copy.deepcopy(ours.state_dict())
+        with pytest.raises(TypeError, match="averaging_constant must be a real number"):
+            ours(second)
+        assert all(_same(v, before[k]) for k, v in ours.state_dict().items())
+
+
+def test_a_shared_memory_per_channel_observer_observes():
+    """``share_memory()`` before the first batch: the empty per-channel buffers' shared storage cannot be
+    resized (torch's ``resize_`` kills the process, torch.ao's observer with it): ours makes new buffers,
+    with torch.ao's values. Run in a child process, so a crash fails the test instead of the run."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from observers_core.adapters.torch import PerChannelMinMaxObserver\n"
+        "obs = PerChannelMinMaxObserver(); obs.share_memory()\n"
+        "x = torch.arange(12.0).reshape(3, 4)\n"
+        "obs(x)\n"
+        "assert torch.equal(obs.min_val, torch.tensor([0.0, 4.0, 8.0])), obs.min_val\n"
+        "assert torch.equal(obs.max_val, torch.tensor([3.0, 7.0, 11.0])), obs.max_val\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+
+
+def test_histogram_buffers_that_require_grad_take_updates():
+    """torch.ao's HistogramObserver observes with buffers a user marked ``requires_grad`` (it reassigns
+    them); ours wrote them in place, which autograd refuses for a leaf: now the same state as torch.ao's."""
+    ours, theirs = ot.HistogramObserver(), tao.HistogramObserver()
+    first, second, _ = _batches(6)
+    for obs in (ours, theirs):
+        obs(first)
+        for buffer in obs.buffers():
+            buffer.requires_grad_()
+        obs(second)
+    for k, v in theirs.state_dict().items():
+        assert torch.equal(ours.state_dict()[k], v.detach()), k
 
 
 @pytest.mark.parametrize("name", sorted({*MINMAX, "HistogramObserver"}))
