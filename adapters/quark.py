@@ -36,10 +36,13 @@ PlaceholderObserver             ``PlaceholderObserver`` (no statistics)         
 
 "Bit for bit" is what ``tests/test_seed_names.py`` checks on random batches (static and dynamic
 specs, symmetric and asymmetric, every supported dtype, several ``ch_axis``/``group_size``): the
-statistics (``min_val``/``max_val``, MX's ``amax``, the histogram) and ``_calculate_qparams()``.
+statistics (``min_val``/``max_val``, MX's ``amax``, the histogram) and ``_calculate_qparams()``. MX and BFP
+edge cases where Quark's float32 ``log2`` is off by one or it does not clamp to E8M0 (a value one ulp from a
+power of two, tiny non-zero blocks, Inf blocks, amax beyond ``1.75 * 2**127``) are listed in README.md,
+"Where Quark differs" (``tests/test_seed_names.py::test_quark_block_edge_cases``).
 Integer dtypes ``int2``, ``int3``, ``int4``, ``uint4``, ``int8``, ``uint8`` and fp8 (``fp8_e4m3``,
 ``fp8_e5m2``) for the min/max observers; ``int4``, ``uint4``, ``int8``, ``uint8`` for the histogram
-ones; anything else (``int16``, ``int32``, ``fp4`` per tensor, ``zero_point_type=float32``...)
+ones (``int4`` in ``PerTensorHistogramObserverPro`` is ours only, the ``[-8, 7]`` range: Quark 0.13 refuses it); anything else (``int16``, ``int32``, ``fp4`` per tensor, ``zero_point_type=float32``...)
 raises ``ValueError`` naming the ``qspec`` field. ``round_method`` and ``scale_type=pof2`` do not
 change these observers' qparams in Quark either and are ignored; ``scale_type`` float16/bfloat16/
 float32 casts the scale as Quark does. Differences from Quark 0.13:
@@ -81,6 +84,7 @@ float32 casts the scale as Quark does. Differences from Quark 0.13:
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -288,8 +292,13 @@ class _QuarkBlock(_QuarkMinMax):
     def _calculate_qparams(self):  # type: ignore[override]
         scale, exponent = self.calculate_qparams()
         scale = self._block_scale(scale)
-        if self._ZERO_BLOCK_EPS:
-            scale = torch.where(exponent == 0, torch.tensor(self.eps, dtype=scale.dtype, device=scale.device), scale)
+        if self._ZERO_BLOCK_EPS:  # blocks with no non-zero finite value (or nothing seen yet), not every code 0:
+            # a tiny non-zero block also has code 0 (its exponent clamped to -127) and keeps 2**-127
+            empty = self.min_val.numel() == 0
+            amax = torch.tensor(-math.inf) if empty else torch.maximum(-self.min_val, self.max_val)
+            no_value = (amax == 0) | (amax == -math.inf)
+            scale = torch.where(no_value.to(scale.device), torch.tensor(self.eps, dtype=scale.dtype, device=scale.device),
+                                scale)
         scale, zero_point = self._quark_layout(scale, exponent)
         return scale.to(self.scale_torch_dtype) if self.scale_torch_dtype is not None else scale, zero_point
 
@@ -298,7 +307,10 @@ class _QuarkBlock(_QuarkMinMax):
 
     @property
     def amax(self) -> torch.Tensor:
-        """Quark's ``amax`` per block (``max(-min_val, max_val)``, Quark's layout)."""
+        """Quark's ``amax`` per block (``max(-min_val, max_val)``, Quark's layout); ``tensor(0.)`` before any
+        input, as Quark's."""
+        if self.min_val.numel() == 0:
+            return torch.zeros((), device=self.min_val.device)
         amax = torch.maximum(-self.min_val, self.max_val)
         return self._quark_layout(amax, amax)[0] if amax.dim() else amax
 
@@ -318,6 +330,8 @@ class PerBlockMXObserver(_QuarkBlock, _MXObserver):
         if scale_format not in (None, "e8m0"):
             raise ValueError(f"qspec.scale_format={scale_format!r} is not supported by {owner}; allowed: e8m0")
         mode = _field(qspec, "scale_calculation_mode") or "even"
+        if mode not in ("even", "floor", "ceil"):  # Quark 0.13 raises for any other at its first qparams
+            raise ValueError(f"qspec.scale_calculation_mode={mode!r} is not supported by {owner}; allowed: even, floor, ceil")
         _MXObserver.__init__(
             self, _MX_DTYPES[dtype], axis=_int_field(qspec, "ch_axis", owner),
             block_size=_int_field(qspec, "group_size", owner), rounding=mode, is_dynamic=_dynamic(qspec),

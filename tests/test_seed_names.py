@@ -328,6 +328,68 @@ def test_quark_bfp_special_blocks(quark):
     _same(ours._calculate_qparams()[0], _quark_qparams(theirs)[0])
 
 
+def _bfp_spec(quark):
+    C, Ty, O = quark
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return C.QTensorConfig(dtype=Ty.Dtype.bfp16, observer_cls=O.PerBlockBFPObserver, ch_axis=-1, group_size=8,
+                               is_dynamic=False)
+
+
+def _one_value_block(value: float, size: int) -> torch.Tensor:
+    x = torch.zeros(1, size)
+    x[0, 0] = value
+    return x
+
+
+# (observer, Quark mode, block size, value, our _calculate_qparams() scale): the edge cases README.md lists under
+# "Where Quark differs", each where Quark's float32 log2 is off by one or Quark does not clamp to E8M0.
+BLOCK_EDGES = [
+    ("PerBlockMXObserver", "floor", 32, 1e-37, 2.0**-127),  # tiny non-zero block: code 0 (it was given eps)
+    ("PerBlockBFPObserver", None, 8, 1e-40, 2.0**-133),  # the same, BFP's mantissa LSB 2**(-127 - 6)
+    ("PerBlockMXObserver", "floor", 32, 16 * (1 - 2**-24), 2.0**-5),  # one ulp below 2**4: floor(log2) = 3
+    ("PerBlockMXObserver", "ceil", 32, 2**20 * (1 + 2**-23), 2.0**13),  # one ulp above 2**20: ceil(log2) = 21
+    ("PerBlockBFPObserver", None, 8, -16 * (1 - 2**-24), 2.0**-3),  # |x| one ulp below 2**4: e = 3
+    ("PerBlockMXObserver", "floor", 32, float("inf"), 2.0**127),  # clamped to code 254
+    ("PerBlockMXObserver", "even", 32, 3.4e38, 2.0**120),
+    ("PerBlockBFPObserver", None, 8, 3.4e38, 2.0**121),
+]
+
+
+@pytest.mark.parametrize("name, mode, size, value, expected", BLOCK_EDGES)
+def test_quark_block_edge_cases(quark, name, mode, size, value, expected):
+    """Ours gives the exact (OCP/E8M0-clamped) scale where Quark 0.13's differs; both enumerated here on the
+    installed Quark, so README's list stays true."""
+    spec = _mx_spec(quark, "fp8_e4m3", mode) if mode else _bfp_spec(quark)
+    ours, theirs = _quark_pair(quark, name, spec, torch.finfo(torch.float32).eps)
+    _feed([ours, theirs], [_one_value_block(value, size)])
+    got = ours._calculate_qparams()[0].reshape(-1)[0].item()
+    assert got == expected
+    assert _quark_qparams(theirs)[0].reshape(-1)[0].item() != got
+
+
+def test_quark_block_observers_before_data_and_modes(quark):
+    """``amax`` before any input and after ``reset_state()`` is Quark's ``tensor(0.)`` (it raised), and a
+    ``scale_calculation_mode`` Quark does not compute with (``rceil``) is refused at construction with a
+    ``ValueError`` naming it (Quark raises ``ValueError`` at its first qparams)."""
+    for name, spec in (("PerBlockMXObserver", _mx_spec(quark, "fp8_e4m3", "even")), ("PerBlockBFPObserver", _bfp_spec(quark))):
+        ours, theirs = _quark_pair(quark, name, spec, torch.finfo(torch.float32).eps)
+        _same(ours.amax, theirs.amax)
+        ours(torch.randn(2, 32))
+        ours.reset_state()
+        _same(ours.amax, theirs.amax)
+    rceil = _mx_spec(quark, "fp8_e4m3", "rceil")
+    _, _, O = quark
+    quark_obs = O.PerBlockMXObserver(rceil, None)
+    quark_obs(torch.randn(2, 32))
+    with pytest.raises(ValueError):
+        _quark_qparams(quark_obs)
+    from observers_core.adapters import quark as Q
+
+    with pytest.raises(ValueError, match="scale_calculation_mode='rceil'.*allowed: even, floor, ceil"):
+        Q.PerBlockMXObserver(rceil)
+
+
 def test_quark_bfp(quark):
     C, Ty, O = quark
     with warnings.catch_warnings():
