@@ -57,6 +57,7 @@ from ._namespace import (
     read_flags,
     normalize_axis,
     on_host,
+    work_dtype,
     size,
     take,
 )
@@ -110,16 +111,6 @@ def _check_ties(ties: Any) -> str:
     if ties not in ("first", "last"):
         raise ValueError(f"ties={ties!r} is not allowed; allowed: 'first' (smallest threshold), 'last' (largest)")
     return ties
-
-
-def work_dtype(xp: Any, device: Any) -> Any:
-    """float64 where the namespace has it on ``device`` (JAX only with x64), else float32."""
-    info = xp.__array_namespace_info__()
-    try:
-        available = info.dtypes(device=device, kind="real floating")
-    except (TypeError, ValueError):  # an info object that takes no device
-        available = info.dtypes(kind="real floating")
-    return xp.float64 if "float64" in available else xp.float32
 
 
 def _default_tie_tol(xp: Any, dtype: Any) -> float:

@@ -579,12 +579,13 @@ def abs_max_kernel(rows):  # pragma: no cover (compiled)
 
 
 @kernel()
-def fq_block_sums_kernel(first, stop, rows, blocks, inv_scale, scale, zero_point, inv_norm, quant_min, quant_max,
-                         out):  # pragma: no cover (compiled)
+def fq_block_sums_kernel(first, stop, rows, blocks, inv_scale, scale, zero_point, float_zero_point, inv_norm,
+                         quant_min, quant_max, out):  # pragma: no cover (compiled)
     """The sums behind :func:`candidate_errors` of the float ``rows`` (C, N) over the blocks ``first`` to
     ``stop`` of ``blocks = pairwise_blocks(N)``, into ``out`` (C, K + 1, blocks): for each row ``c`` and
     candidate ``k``, the sum over the block of ``e**2`` (:func:`_fq_square`) in NumPy's order, the last row
-    of ``out`` counting the finite ``v``.
+    of ``out`` counting the finite ``v``. ``float_zero_point``: the zero points are floats (added before
+    rounding, as torch's per-channel kernel does for them), else integers (added after).
 
     Two candidates at a time (an odd last one paired with itself), each value loaded once, and no ``e**2``
     stored: :func:`_pairwise_block`'s eight running sums ``r_j = a[j] + a[j + 8] + ...`` (NumPy's, below
@@ -611,17 +612,22 @@ def fq_block_sums_kernel(first, stop, rows, blocks, inv_scale, scale, zero_point
             for k in range(0, k_count, 2):
                 j = min(k + 1, k_count - 1)
                 s0, inv_s0, s1, inv_s1 = scale[c, k], inv_scale[c, k], scale[c, j], inv_scale[c, j]
-                low0, high0 = quant_min - zero_point[c, k], quant_max - zero_point[c, k]
-                low1, high1 = quant_min - zero_point[c, j], quant_max - zero_point[c, j]
+                z0, z1 = np.float64(zero_point[c, k]), np.float64(zero_point[c, j])
+                if float_zero_point:  # rint(v / s + z), clamped to [Q_min, Q_max], minus z
+                    shift0, low0, high0 = z0, quant_min, quant_max
+                    shift1, low1, high1 = z1, quant_min, quant_max
+                else:  # rint(v / s) clamped to [Q_min - z, Q_max - z]: the same integers
+                    shift0, low0, high0 = 0.0, quant_min - z0, quant_max - z0
+                    shift1, low1, high1 = 0.0, quant_min - z1, quant_max - z1
                 for i in range(body.shape[0]):
                     v = body[i]
-                    out0[i] = _fq_square(v, inv_s0, s0, low0, high0, w) + lanes0[i]
-                    out1[i] = _fq_square(v, inv_s1, s1, low1, high1, w) + lanes1[i]
+                    out0[i] = _fq_square(v, inv_s0, s0, shift0, low0, high0, w) + lanes0[i]
+                    out1[i] = _fq_square(v, inv_s1, s1, shift1, low1, high1, w) + lanes1[i]
                 res0 = _eight_lanes(lanes0[end:end + 8]) if end else 0.0
                 res1 = _eight_lanes(lanes1[end:end + 8]) if end else 0.0
                 for i in range(rest.shape[0]):
-                    res0 += _fq_square(rest[i], inv_s0, s0, low0, high0, w)
-                    res1 += _fq_square(rest[i], inv_s1, s1, low1, high1, w)
+                    res0 += _fq_square(rest[i], inv_s0, s0, shift0, low0, high0, w)
+                    res1 += _fq_square(rest[i], inv_s1, s1, shift1, low1, high1, w)
                 out[c, k, b], out[c, j, b] = res0, res1
 
 
@@ -632,17 +638,18 @@ def _eight_lanes(r):  # pragma: no cover (compiled)
 
 
 @kernel()
-def _fq_square(v, inv_s, s, low, high, w):  # pragma: no cover (compiled)
-    """``e**2`` with ``e = (clamp(rint(v * inv_s), low, high) * s - v) * w`` in float64, 0 for a ``v`` that is
-    not finite: :func:`fq_block_sums_kernel`'s term, with ``inv_s = 1 / s`` and ``z`` as the array code
-    computes them and ``low, high = Q_min - z, Q_max - z`` (the array code's ``clamp(rint(v * inv_s) + z,
-    Q_min, Q_max) - z``: integers, the same values); ``w = 1 / norm``, a power of two, whose product equals
-    the array code's quotient ``/ norm``."""
+def _fq_square(v, inv_s, s, shift, low, high, w):  # pragma: no cover (compiled)
+    """``e**2`` with ``e = ((clamp(rint(v * inv_s + shift), low, high) - shift) * s - v) * w`` in float64, 0 for
+    a ``v`` that is not finite: :func:`fq_block_sums_kernel`'s term, with ``inv_s = 1 / s`` and ``z`` as the
+    array code computes them. Integer zero points: ``shift = 0``, ``low, high = Q_min - z, Q_max - z`` (the
+    array code's ``clamp(rint(v * inv_s) + z, Q_min, Q_max) - z``: integers, the same values); float zero
+    points: ``shift = z``, ``low, high = Q_min, Q_max`` (its ``clamp(rint(v * inv_s + z), ...) - z``);
+    ``w = 1 / norm``, a power of two, whose product equals the array code's quotient ``/ norm``."""
     v = np.float64(v)
-    q = np.rint(v * inv_s)
+    q = np.rint(v * inv_s + shift)
     q = low if q < low else q
     q = high if q > high else q
-    e = (q * s - v) * w
+    e = ((q - shift) * s - v) * w
     return e * e if v - v == 0.0 else 0.0
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "clamp",
     "discarded_invalid",
     "divide_by_constant",
+    "work_dtype",
     "device_constant",
     "scalar_like",
     "rounded",
@@ -190,13 +191,34 @@ def clamp(x: Array, low: float | None, high: float | None, xp: Any) -> Array:
     return x
 
 
+def work_dtype(xp: Any, device: Any) -> Any:
+    """float64 where the namespace has it on ``device`` (JAX only with x64), else float32."""
+    info = xp.__array_namespace_info__()
+    try:
+        available = info.dtypes(device=device, kind="real floating")
+    except (TypeError, ValueError):  # an info object that takes no device
+        available = info.dtypes(kind="real floating")
+    return xp.float64 if "float64" in available else xp.float32
+
+
+def _half_dtypes(xp: Any) -> tuple:
+    """The namespace's float16 and bfloat16 dtypes, those it has (array_api_strict: neither)."""
+    return tuple(getattr(xp, name) for name in ("float16", "bfloat16") if hasattr(xp, name))
+
+
 def divide_by_constant(num: Array, divisor: float, xp: Any) -> Array:
-    """``num / divisor`` rounded as one true division, as numpy and torch (CPU) compute it.
+    """``num / divisor`` rounded as one true division, as torch (CPU) computes it: float16/bfloat16 ``num``
+    divided in float32 and the quotient rounded back (torch's arithmetic for them; NumPy and JAX would first
+    round the divisor to ``num``'s dtype, 65535 to inf in float16).
 
     XLA rewrites a division by a compile-time constant into a multiplication by its reciprocal, which
     rounds differently in about 3 of 4 cases. A divisor chosen at run time (NaN-guarded, same value)
     keeps the true division; other backends divide directly.
     """
+    if is_torch_namespace(xp):
+        return num / divisor
+    if num.dtype in _half_dtypes(xp):
+        return xp.astype(divide_by_constant(xp.astype(num, xp.float32), divisor, xp), num.dtype)
     if not is_jax_namespace(xp):
         return num / divisor
     return num / xp.where(xp.isnan(num), scalar_like(1.0, num, xp), scalar_like(divisor, num, xp))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from ._dtypes import QScheme, QuantSpec
 from ._namespace import array_namespace, device_of, discarded_invalid, divide_by_constant, index_dtype, scalar_like
 
@@ -37,9 +39,11 @@ def calculate_qparams(min_val: Array, max_val: Array, /, spec: QuantSpec, *, xp:
     - float qparams: ``s = where(s' > eps, s', 1)`` with ``s' = (x_max - x_min) / float(Q_max - Q_min)``,
       ``z = -x_min / s`` (the range's dtype).
 
-    ``eps`` is cast to the range's dtype, as torch's ``eps`` buffer is by ``.half()``: an ``eps`` below that
-    dtype's smallest subnormal (float16: ``6e-8``) becomes 0 there, so a zero float16 range then gets
-    scale 0, as in torch.
+    ``eps`` is rounded to float32 (torch's ``eps`` buffer), then cast to the range's dtype, as that buffer is
+    by ``.half()``/``.double()``: an ``eps`` below that dtype's smallest subnormal (float16: ``6e-8``)
+    becomes 0 there, so a zero float16 range then gets scale 0, as in torch. Integer ranges are cast to
+    float32 first (torch would subtract and negate them in their integer dtype, which wraps for int8's
+    ``-(-128)``; its observers never hold integer ranges).
 
     Entries whose range is invalid (``min_val > max_val``, which includes a never-updated state of
     ``+inf``/``-inf``) get torch's fallback ``s = 1``, ``z = 0``; torch raises for ``min > max`` on an
@@ -55,9 +59,11 @@ def calculate_qparams(min_val: Array, max_val: Array, /, spec: QuantSpec, *, xp:
 
 
 def _calculate_qparams(min_val: Array, max_val: Array, spec: QuantSpec, xp: Any) -> QParams:
+    if not xp.isdtype(min_val.dtype, "real floating"):
+        min_val, max_val = xp.astype(min_val, xp.float32), xp.astype(max_val, xp.float32)
     dtype = min_val.dtype
-    # eps in the range's floating dtype (torch's eps buffer converts with the module's other buffers)
-    eps = scalar_like(spec.eps, min_val, xp, dtype=dtype if xp.isdtype(dtype, "real floating") else xp.float32)
+    # eps as torch's float32 eps buffer, in the range's dtype (the buffer converts with the module's others)
+    eps = scalar_like(float(np.float32(spec.eps)), min_val, xp)
     zero = xp.zeros((), dtype=dtype, device=device_of(min_val))
     min_val_neg = xp.minimum(min_val, zero)
     max_val_pos = xp.maximum(max_val, zero)

@@ -189,12 +189,15 @@ def test_mix_candidate_errors_are_bit_identical(per_channel, monkeypatch):
 def test_candidate_errors_repeated_candidates_are_bit_identical(dtype, per_channel, monkeypatch):
     """The compiled sums take candidates two at a time (an odd last one with itself) and compute
     candidates with the same scale and zero point in every row once: any number of candidates, repeated
-    ones (whole columns, or in some rows only), affine and symmetric, float32 and float64 rows."""
+    ones (whole columns, or in some rows only), affine, symmetric and float qparams (float zero points, added
+    before rounding), float32 and float64 rows."""
     rng = np.random.default_rng(11 + per_channel)
     axis = 1 if per_channel else None
+    kinds = ["symmetric", "affine", "affine_float_qparams"] if per_channel else ["symmetric", "affine"]
     for case in range(60):
-        qscheme = ("per_channel_" if per_channel else "per_tensor_") + ("affine" if case % 2 else "symmetric")
-        spec = quant_spec("quint8" if case % 2 else "qint8", qscheme)
+        kind = kinds[case % len(kinds)]
+        qscheme = ("per_channel_" if per_channel else "per_tensor_") + kind
+        spec = quant_spec("qint8" if kind == "symmetric" else "quint8", qscheme)
         shape = (int(rng.integers(1, 6)), 3, int(rng.integers(1, 400))) if per_channel else (
             (int(rng.integers(1, 3000)),))
         x = adversarial(rng, dtype, shape)

@@ -246,6 +246,86 @@ def test_qparams_of_nan_and_infinite_ranges_are_silent_and_torchs(backend, qsche
         np.testing.assert_array_equal(zp_got, zp_ref)
 
 
+# (dtype of the range, quantized dtype, custom range, eps): each case one of the probe's (found against torch.ao)
+PRECISION_CASES = [
+    ("float16", "int16", None, FLOAT32_EPS := float(np.finfo(np.float32).eps)),  # 65535 is inf in float16
+    ("float16", "uint16", None, FLOAT32_EPS),
+    ("float16", "quint8", (0, 4095), FLOAT32_EPS),  # not a float16 integer either (4095 -> 4096)
+    ("bfloat16", "int16", None, FLOAT32_EPS),
+    ("float16", "qint8", None, 1 + 2**-11 + 2**-30),  # eps rounded to float32, then float16, as torch's buffer
+    ("float64", "qint8", None, 1e-5),  # eps is torch's float32 buffer widened, not the float 1e-5
+    ("float64", "qint32", None, 1e-5),
+]
+
+
+@pytest.mark.parametrize("qscheme", ["per_tensor_affine", "per_tensor_symmetric"])
+@pytest.mark.parametrize("range_dtype, dtype, custom, eps", PRECISION_CASES)
+def test_qparams_of_float16_bfloat16_and_float64_ranges_are_torchs(backend, range_dtype, dtype, custom, eps, qscheme):
+    """torch.ao's observer converted by ``.half()``/``.bfloat16()``/``.double()`` is the oracle. NumPy and JAX
+    rounded the Python divisor ``Q_max - Q_min`` to float16 (torch divides half precision in float32), and every
+    backend took ``eps`` as the Python float (torch's buffer holds its float32 value)."""
+    if range_dtype != "float64" and not hasattr(backend.xp, range_dtype):
+        pytest.skip(f"no {range_dtype} in this namespace")
+    if range_dtype == "float64" and backend.name in ("jax", "jax-gpu"):
+        pytest.skip("float64 needs jax_enable_x64 (tests/test_jax_x64.py)")
+    quant_min, quant_max = custom or (None, None)
+    spec = oc.quant_spec(dtype, qscheme, quant_min=quant_min, quant_max=quant_max, eps=eps)
+    theirs = tao.MinMaxObserver(dtype=getattr(torch, dtype), qscheme=getattr(torch, qscheme), quant_min=quant_min,
+                                quant_max=quant_max, eps=eps).to(getattr(torch, range_dtype))
+    rng = np.random.default_rng(7)
+    pairs = [np.sort(rng.standard_normal(2) * 10.0 ** rng.integers(-5, 3)) for _ in range(40)] + [np.zeros(2)]
+    for lo, hi in pairs:
+        t_lo, t_hi = (torch.tensor(v, dtype=getattr(torch, range_dtype)) for v in (lo, hi))
+        want_scale, want_zp = theirs._calculate_qparams(t_lo, t_hi)
+        if range_dtype == "bfloat16":
+            ours = [backend.xp.asarray(backend.asarray(np.float32(t.float().item())), dtype=backend.xp.bfloat16)
+                    for t in (t_lo, t_hi)]
+        else:
+            ours = [backend.asarray(t.numpy()) for t in (t_lo, t_hi)]
+        scale, zp = oc.calculate_qparams(*ours, spec)
+        got_scale = to_numpy(backend.xp.astype(scale, backend.xp.float32) if range_dtype == "bfloat16" else scale)
+        assert_same_on_device(got_scale.astype(np.float64), want_scale.double().numpy(), backend.name, "scale")
+        if backend.name not in GPU_BACKENDS:
+            np.testing.assert_array_equal(to_numpy(zp).astype(np.int64), want_zp.long().numpy())
+
+
+def test_fake_quantize_with_float_zero_points_is_torchs(backend):
+    """``per_channel_affine_float_qparams`` zero points are floats: torch's per-channel fake quantization adds
+    them before rounding and rounds ``(q - z) * s`` once (ours added them after rounding, as integer zero
+    points: other levels). Bit for bit with torch where the namespace has float64; JAX without x64 within
+    an ulp; random rows and rows of exact ties."""
+    rng = np.random.default_rng(3)
+    for case in range(40):
+        scale = rng.uniform(0.01, 0.5, 4).astype(np.float32)
+        zero_point = rng.uniform(-20, 200, 4).astype(np.float32)
+        x = (rng.standard_normal((4, 50)) * rng.uniform(0.1, 10)).astype(np.float32)
+        if case % 2:  # ties: x / s an odd multiple of one half
+            x = ((np.round(x / scale[:, None]) + 0.5) * scale[:, None]).astype(np.float32)
+        want = torch.fake_quantize_per_channel_affine(
+            torch.from_numpy(x), torch.from_numpy(scale), torch.from_numpy(zero_point), 0, 0, 255).numpy()
+        got = to_numpy(oc.fake_quantize(*(backend.asarray(a) for a in (x, scale, zero_point)), quant_min=0,
+                                        quant_max=255, axis=0))
+        if backend.name in ("numpy", "array_api_strict", "torch"):
+            np.testing.assert_array_equal(got, want)
+        else:  # float32 only (or a GPU's division): the product q - z rounded first
+            np.testing.assert_allclose(got, want, rtol=2 * np.finfo(np.float32).eps, atol=0)
+
+
+@pytest.mark.parametrize("int_dtype", ["int8", "int16", "int32", "int64"])
+def test_qparams_of_integer_ranges_are_float32(backend, int_dtype):
+    """An integer range is computed in float32 on every backend, as torch.ao's ``_calculate_qparams`` of the
+    same values (NumPy gave float64 scales; JAX squeezed the divisor 255 into int8, giving 10/127)."""
+    if int_dtype == "int64" and backend.name in ("jax", "jax-gpu"):
+        pytest.skip("int64 needs jax_enable_x64")
+    spec = oc.quant_spec("quint8")
+    lo, hi = np.array(-3, int_dtype), np.array(7, int_dtype)
+    scale, zp = oc.calculate_qparams(backend.asarray(lo), backend.asarray(hi), spec)
+    want_scale, want_zp = tao.MinMaxObserver()._calculate_qparams(torch.tensor(-3.0), torch.tensor(7.0))
+    assert to_numpy(scale).dtype == np.float32
+    assert_same_on_device(to_numpy(scale), want_scale.numpy(), backend.name, "scale")
+    np.testing.assert_array_equal(to_numpy(zp), want_zp.numpy())
+
+
 @pytest.mark.parametrize("spec", [None, "qint8", ("qint8", "per_tensor_affine"), 0.5])
 def test_calculate_qparams_names_a_spec_that_is_not_a_quant_spec(spec):
     """Anything but a ``QuantSpec`` is a ``TypeError`` naming ``spec`` (was an ``AttributeError`` on ``.eps``)."""

@@ -298,7 +298,8 @@ def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: 
         if amax is None:
             amax = _reduced(xp.asarray(abs_max_kernel(host))[:, None], "max", collective)
         norm = error_norm(amax, xp)
-        sums = _fq_sums(host, *(np.asarray(host_view(a, xp), dtype=np.float64) for a in (scale, zero_point, norm)),
+        scale64, zero_point64, norm64 = (np.asarray(host_view(a, xp), dtype=np.float64) for a in (scale, zero_point, norm))
+        sums = _fq_sums(host, scale64, zero_point64, xp.isdtype(zero_point.dtype, "real floating"), norm64,
                         float(spec.quant_min), float(spec.quant_max))
         sums, count = xp.asarray(sums[:, :-1]), xp.asarray(sums[:, -1])
     else:
@@ -322,8 +323,8 @@ def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: 
     return xp.reshape(sums / xp.where(count > 0, count, 1.0)[:, None], tuple(lo.shape))
 
 
-def _fq_sums(rows: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, norm: np.ndarray, quant_min: float,
-             quant_max: float) -> np.ndarray:
+def _fq_sums(rows: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, float_zero_point: bool, norm: np.ndarray,
+             quant_min: float, quant_max: float) -> np.ndarray:
     """:func:`candidate_errors`' sums (C, K) and finite counts, (C, K + 1), of host ``rows`` (C, N) with the
     compiled kernels: the blocks of NumPy's pairwise sum on up to :func:`~observers_core._compiled.threads`
     threads, then added in NumPy's order (one walk for all rows). Candidates whose scales and zero points are
@@ -336,7 +337,7 @@ def _fq_sums(rows: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, norm: 
     blocks = pairwise_blocks(rows.shape[1])
     out = np.empty((rows.shape[0], scale.shape[1] + 1, blocks.shape[0]), dtype=np.float64)
     split_ranges(fq_block_sums_kernel, blocks.shape[0], threads(rows.size), rows, blocks, 1 / scale, scale, zero_point,
-                 1 / norm, quant_min, quant_max, out, chunk=256)
+                 float_zero_point, 1 / norm, quant_min, quant_max, out, chunk=256)
     sums = pairwise_combine(out.reshape(-1, blocks.shape[0]), rows.shape[1]).reshape(out.shape[:2])
     return sums[:, [distinct.index(k) for k in source] + [len(distinct)]]
 
