@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import array_api_compat
 import numpy as np
 
 from ._collective import check_collective, reduce_range
@@ -156,13 +157,34 @@ def _torch_aminmax(x: Array, axis: int | None) -> tuple[Array, Array]:
 def minmax_init(
     *, num_channels: int | None = None, dtype: Any = None, device: Any = None, xp: Any
 ) -> MinMaxState:
-    """An empty state: ``+inf``/``-inf``, 0-d, or ``(num_channels,)`` per channel (float32 by default)."""
+    """An empty state: ``+inf``/``-inf``, 0-d, or ``(num_channels,)`` per channel (float32 by default; ``dtype``
+    must be a real floating dtype, which holds the infinities)."""
     xp = namespace_of(xp)
     shape = () if num_channels is None else (int(num_channels),)
     dtype = xp.float32 if dtype is None else dtype
+    if not xp.isdtype(dtype, "real floating"):
+        raise TypeError(f"dtype must be a real floating dtype (the state holds +inf/-inf), got {dtype}")
     return MinMaxState(
         xp.full(shape, INF, dtype=dtype, device=device), xp.full(shape, -INF, dtype=dtype, device=device)
     )
+
+
+def _update_namespace(state: MinMaxState, x: Array, xp: Any) -> Any:
+    """The namespace of an update: ``xp`` when given (the adapters, which coerce ``x``), else the one of
+    ``state`` and ``x`` together (``TypeError`` naming both when they differ)."""
+    if xp is not None:
+        return namespace_of(xp)
+    xp = array_api_compat.array_namespace(state.min_val)
+    if type(x) is not type(state.min_val):  # (the common case, one array type, costs no second lookup)
+        try:
+            same = array_api_compat.array_namespace(x) is xp
+        except TypeError:
+            same = False
+        if not same:
+            raise TypeError(f"x ({type(x).__module__}.{type(x).__name__}) and the state "
+                            f"({type(state.min_val).__module__}.{type(state.min_val).__name__}) must be arrays of "
+                            "one namespace")
+    return xp
 
 
 def _batch_range(state: MinMaxState, x: Array, axis: int | None, ignore_nonfinite: bool, xp: Any,
@@ -204,7 +226,7 @@ def minmax_update(
     NaN in ``x`` propagates into the state (as in torch) unless ``ignore_nonfinite``. With a
     :class:`~observers_core.Collective`, ``min(X)``/``max(X)`` are over every member's batch.
     """
-    xp = array_namespace(state.min_val, xp=xp)
+    xp = _update_namespace(state, x, xp)
     check_real(x, xp)
     check_same_device(x, state.min_val, xp)
     if check_collective(collective) is None and size(x) == 0:
@@ -237,9 +259,12 @@ def moving_average_update(
     NaN propagates as in torch; with ``ignore_nonfinite`` a channel whose batch held no finite value
     keeps its previous average. With a :class:`~observers_core.Collective`, ``min(X)``/``max(X)`` are
     over every member's batch (one step of the average per collective step; all empty: no-op)."""
-    xp = array_namespace(state.min_val, xp=xp)
+    xp = _update_namespace(state, x, xp)
     check_real(x, xp)
     check_same_device(x, state.min_val, xp)
+    if isinstance(averaging_constant, bool) or not isinstance(averaging_constant, (int, float, np.number)):
+        raise TypeError(f"averaging_constant must be a real number, got {type(averaging_constant).__name__} "
+                        f"{averaging_constant!r}")
     if check_collective(collective) is None and size(x) == 0:
         return state
     lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp, collective)

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._dtypes import QScheme, QuantSpec
-from ._namespace import array_namespace, device_of, discarded_invalid, divide_by_constant, index_dtype, scalar_like
+from ._namespace import array_namespace, check_real, device_of, discarded_invalid, divide_by_constant, index_dtype, scalar_like
 
 __all__ = ["QParams", "UNINITIALIZED_WARNING", "calculate_qparams"]
 
@@ -54,6 +54,8 @@ def calculate_qparams(min_val: Array, max_val: Array, /, spec: QuantSpec, *, xp:
     if not isinstance(spec, QuantSpec):
         raise TypeError(f"spec must be a QuantSpec (see observers_core.quant_spec), got {type(spec).__name__}")
     xp = array_namespace(min_val, max_val, xp=xp)
+    check_real(min_val, xp, name="min_val")
+    check_real(max_val, xp, name="max_val")
     with discarded_invalid(xp, over="ignore", divide="ignore"):
         return _calculate_qparams(min_val, max_val, spec, xp)
 

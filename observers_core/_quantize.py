@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._namespace import array_namespace, device_of, check_real, normalize_axis, rounded, work_dtype
+import numpy as np
+
+from ._namespace import array_namespace, device_of, check_real, normalize_axis, rounded, size, work_dtype
 
 __all__ = ["fake_quantize"]
 
@@ -34,6 +36,9 @@ def fake_quantize(
     """
     xp = array_namespace(x, xp=xp)
     check_real(x, xp)
+    for name, value in (("quant_min", quant_min), ("quant_max", quant_max)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if quant_min > quant_max:
         raise ValueError(f"quant_min={quant_min} must be <= quant_max={quant_max}")
     if not xp.isdtype(x.dtype, "real floating"):
@@ -46,6 +51,10 @@ def fake_quantize(
         axis = normalize_axis(axis, x.ndim)
         shape = [1] * x.ndim
         shape[axis] = x.shape[axis]
+        for name, value in (("scale", scale), ("zero_point", zero_point)):
+            if size(value) != x.shape[axis]:
+                raise ValueError(f"{name} must hold one value per channel along axis={axis} ({x.shape[axis]}), "
+                                 f"got shape {tuple(value.shape)}")
         scale = xp.reshape(scale, tuple(shape))
         zero_point = xp.reshape(zero_point, tuple(shape))
     if not float_zero_point:

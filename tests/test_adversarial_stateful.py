@@ -136,8 +136,8 @@ def _corrupt(sd: dict, how: str) -> dict | None:
         del sd[keys[-1]]
     elif how == "extra":
         sd["bogus"] = np.zeros(1, np.float32)
-    elif how == "shape":
-        sd[main] = sd[main][..., None]
+    elif how == "shape":  # (a 0-d entry as (2,): a one-element (1,) loads as its value, as in torch.ao)
+        sd[main] = np.repeat(sd[main][..., None], 2, axis=-1)
     elif how in ("nan_eps", "neg_eps", "zero_eps"):
         if param is None:
             return None

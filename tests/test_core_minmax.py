@@ -428,6 +428,33 @@ def test_rejects_complex_and_bool(xp):
         oc.minmax_update(state, xp.asarray(np.array([True, False])))
 
 
+def test_bad_arguments_of_the_pure_functions_are_named(backend):
+    """What the probe of the pure functions found (AttributeError, silent wrap-around, complex scales, bare
+    reshape errors): each a ``TypeError``/``ValueError`` naming the argument and what is allowed."""
+    xp = backend.xp
+    x = backend.asarray(np.array([1.0, -2.0], np.float32))
+    state = oc.minmax_init(xp=xp)
+    other = np if backend.name != "numpy" else torch
+    with pytest.raises(TypeError, match="one namespace"):
+        oc.minmax_update(state, other.asarray(np.array([1.0], np.float32)))
+    with pytest.raises(TypeError, match="dtype must be a real floating dtype"):  # +inf would wrap to an integer
+        oc.minmax_init(dtype=xp.int32, xp=xp)
+    for constant in (None, "0.5", True):
+        with pytest.raises(TypeError, match="averaging_constant must be a real number"):
+            oc.moving_average_update(state, x, averaging_constant=constant)
+    if hasattr(xp, "complex64"):
+        with pytest.raises(TypeError, match="min_val must hold real"):
+            oc.calculate_qparams(xp.asarray(np.complex64(1)), xp.asarray(np.complex64(2)), oc.quant_spec("quint8"))
+    scale, zero_point = backend.asarray(np.float32([0.1])), backend.asarray(np.int32([3]))
+    for bad in (None, "0", 0.5):
+        with pytest.raises(TypeError, match="quant_min must be an int"):
+            oc.fake_quantize(x, scale, zero_point, quant_min=bad, quant_max=255)
+    rows = backend.asarray(np.ones((3, 2), np.float32))
+    with pytest.raises(ValueError, match="scale must hold one value per channel along axis=0"):
+        oc.fake_quantize(rows, backend.asarray(np.float32([0.1, 0.2])), backend.asarray(np.int32([1, 2, 3])),
+                         quant_min=0, quant_max=255, axis=0)
+
+
 def test_aminmax_per_channel_any_axis(xp):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
