@@ -383,6 +383,8 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
             # refuses is refused here too (None would silently switch to the running range)
             raise TypeError(f"averaging_constant must be a real number, got {type(constant).__name__} "
                             f"{constant!r} (set after construction)")
+        if self._AVERAGING:
+            constant = float(constant)  # (True and 0-d tensors: torch's arithmetic takes them)
         if axis is not None and axis != 0:
             dims = list(range(x.ndim))
             dims[0], dims[axis] = axis, 0
