@@ -64,6 +64,7 @@ from observers_core.families.calibration import (
     check_accumulator_channels,
     describe,
     kl_accumulate,
+    kl_channels_differ,
     kl_init,
     kl_pending_message,
     kl_update,
@@ -377,6 +378,14 @@ class KLObserver(KLSteps, _CalibrationObserver):
         super().reset_min_max_vals()
         self._acc = None
         self.num_steps = 0
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """The base's load; a per-channel range of another channel count than the accumulated histogram's
+        empties the accumulator (it could take no batch the range takes; the histogram is not in the state
+        dict, as in Horizon). The batch count stays."""
+        super().load_state_dict(state_dict)
+        if self._acc is not None and self._state is not None and kl_channels_differ(self._acc, self._state):
+            self._acc = None
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", num_steps={self.num_steps}"

@@ -229,6 +229,16 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
         self._empty_buffers(_ACC_BUFFERS)
         self.num_steps = 0
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """The base's load; a range of another channel count than the accumulator's empties the accumulator,
+        as on every framework (the batch count stays)."""
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        acc, state = self.accumulator, self._read_state()
+        if acc is not None and state is not None and family.kl_channels_differ(acc, state):
+            self._empty_buffers(_ACC_BUFFERS)
+
     def extra_repr(self):
         return super().extra_repr() + f", num_steps={self.num_steps}"
 

@@ -457,6 +457,32 @@ def test_another_channel_count_is_refused_and_changes_nothing(backend, cls_name,
         assert to_numpy(stats(obs)[0]).shape == (5,)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_kl_load_of_another_channel_count_empties_the_accumulator(backend):
+    """A per-channel KLObserver that accumulated 3 channels loads a 4-channel range (as torch.ao's per-channel
+    observers load another channel count): its accumulated histogram could take no batch the loaded range
+    takes (it refused every later batch, 3 or 4 channels), so the load empties it, on every framework; the
+    observer then goes on as a fresh one that loaded the same state dict (the batch count aside)."""
+    be = make_backend(backend)
+    kwargs = dict(bins=256, averaging_constant=0.5, ch_axis=1, qscheme="per_channel_symmetric")
+    rng = np.random.default_rng(21)
+    three = observe(make(be, "KLObserver", **kwargs), [rng.standard_normal((6, 3, 5)).astype(np.float32)], be.asarray)
+    source = observe(make(be, "KLObserver", **kwargs), [rng.standard_normal((6, 4, 5)).astype(np.float32)], be.asarray)
+    fresh = make(be, "KLObserver", **kwargs)
+    later = [rng.standard_normal((6, 4, 5)).astype(np.float32) * 2 for _ in range(2)]
+    for obs in (three, fresh):
+        obs.load_state_dict(source.state_dict())
+        assert obs.accumulator is None
+        observe(obs, later, be.asarray)
+    for u, v in zip(stats(three), stats(fresh)):
+        assert_same(u, v, "after the load")
+    same = observe(make(be, "KLObserver", **kwargs), [np.ones((2, 4, 5), np.float32)], be.asarray)
+    acc_before = same.accumulator
+    same.load_state_dict(source.state_dict())  # the same channel count: the accumulator stays
+    assert same.accumulator is not None
+    np.testing.assert_array_equal(to_numpy(same.accumulator.hist.counts), to_numpy(acc_before.hist.counts))
+
+
 # -------------------------------------------------------------------------- special values, dtypes
 
 BACKENDS = ["numpy", "torch", "cupy"]

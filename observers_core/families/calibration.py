@@ -58,7 +58,8 @@ from .._validate import INF, check_averaging_constant, check_bool, check_channel
 
 __all__ = [
     "MIX_CANDIDATES", "STATE_KEYS", "CalibConfig", "Config", "State", "init", "merge", "qparams", "update", "KLAccumulator", "abs_histogram", "average_range",
-    "batch_update", "candidate_errors", "check_accumulator_channels", "clip_range", "describe", "kl_accumulate", "kl_init", "kl_merge",
+    "batch_update", "candidate_errors", "check_accumulator_channels", "clip_range", "describe", "kl_accumulate",
+    "kl_channels_differ", "kl_init", "kl_merge",
     "kl_pending_message", "kl_update", "make_config", "mix_range", "observed_range", "positive_levels",
     "search_amax",
 ]  # fmt: skip
@@ -399,6 +400,11 @@ def kl_init(num_channels: int | None, *, bins: int, device: Any, xp: Any) -> KLA
         calib_histogram_init(bins=bins, num_channels=num_channels, device=device, xp=xp),
         minmax_init(num_channels=num_channels, device=device, xp=xp),
     )
+
+
+def kl_channels_differ(acc: KLAccumulator, state: MinMaxState) -> bool:
+    """Whether a per-channel ``state`` (e.g. a loaded one) has another channel count than ``acc``."""
+    return tuple(acc.seen.min_val.shape) != tuple(state.min_val.shape)
 
 
 def check_accumulator_channels(acc: KLAccumulator, channels: int | None, ch_axis: int) -> None:
