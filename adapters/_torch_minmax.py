@@ -377,14 +377,13 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
         """One step of the min/max family (:func:`observers_core.families.minmax.step`). Per channel the
         channel axis is swapped to the front first, as torch does, so that the reduction visits the
         elements in torch's order (which of -0.0 and 0.0 is the minimum depends on it)."""
-        constant = self.averaging_constant if self._AVERAGING else None
-        if self._AVERAGING and not isinstance(constant, (numbers.Real, torch.Tensor)):
-            # read at each batch, as torch does: a value set after construction that torch's arithmetic
-            # refuses is refused here too (None would silently switch to the running range)
-            raise TypeError(f"averaging_constant must be a real number, got {type(constant).__name__} "
-                            f"{constant!r} (set after construction)")
-        if self._AVERAGING:
-            constant = float(constant)  # (True and 0-d tensors: torch's arithmetic takes them)
+        constant = None
+        if self._AVERAGING:  # read at each batch, as torch does; what torch's arithmetic refuses, refused
+            constant = self.averaging_constant  # (None would silently switch to the running range)
+            if not isinstance(constant, (numbers.Real, torch.Tensor)):
+                raise TypeError(f"averaging_constant must be a real number, got {type(constant).__name__} "
+                                f"{constant!r} (set after construction)")
+            constant = float(constant)  # (True and 0-d tensors, which torch's arithmetic takes)
         if axis is not None and axis != 0:
             dims = list(range(x.ndim))
             dims[0], dims[axis] = axis, 0

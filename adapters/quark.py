@@ -42,8 +42,8 @@ power of two, tiny non-zero blocks, Inf blocks, amax beyond ``1.75 * 2**127``) a
 "Where Quark differs" (``tests/test_seed_names.py::test_quark_block_edge_cases``).
 Integer dtypes ``int2``, ``int3``, ``int4``, ``uint4``, ``int8``, ``uint8`` and fp8 (``fp8_e4m3``,
 ``fp8_e5m2``) for the min/max observers; ``int4``, ``uint4``, ``int8``, ``uint8`` for the histogram
-ones (``int4`` in ``PerTensorHistogramObserverPro`` is ours only, the ``[-8, 7]`` range: Quark 0.13 refuses it); anything else (``int16``, ``int32``, ``fp4`` per tensor, ``zero_point_type=float32``...)
-raises ``ValueError`` naming the ``qspec`` field. ``round_method`` and ``scale_type=pof2`` do not
+ones (``int4`` in ``PerTensorHistogramObserverPro`` is ours only, the ``[-8, 7]`` range: Quark 0.13
+refuses it); anything else (``int16``, ``int32``, ``fp4`` per tensor, ``zero_point_type=float32``...) raises ``ValueError`` naming the ``qspec`` field. ``round_method`` and ``scale_type=pof2`` do not
 change these observers' qparams in Quark either and are ignored; ``scale_type`` float16/bfloat16/
 float32 casts the scale as Quark does. Differences from Quark 0.13:
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import contextlib
 import math
 import sys
@@ -201,6 +203,7 @@ def work_dtype(xp: Any, device: Any) -> Any:
     return xp.float64 if "float64" in available else xp.float32
 
 
+@functools.lru_cache(maxsize=None)
 def _half_dtypes(xp: Any) -> tuple:
     """The namespace's float16 and bfloat16 dtypes, those it has (array_api_strict: neither)."""
     return tuple(getattr(xp, name) for name in ("float16", "bfloat16") if hasattr(xp, name))

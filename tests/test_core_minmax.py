@@ -246,9 +246,10 @@ def test_qparams_of_nan_and_infinite_ranges_are_silent_and_torchs(backend, qsche
         np.testing.assert_array_equal(zp_got, zp_ref)
 
 
+FLOAT32_EPS = float(np.finfo(np.float32).eps)
 # (dtype of the range, quantized dtype, custom range, eps): each case one of the probe's (found against torch.ao)
 PRECISION_CASES = [
-    ("float16", "int16", None, FLOAT32_EPS := float(np.finfo(np.float32).eps)),  # 65535 is inf in float16
+    ("float16", "int16", None, FLOAT32_EPS),  # 65535 is inf in float16
     ("float16", "uint16", None, FLOAT32_EPS),
     ("float16", "quint8", (0, 4095), FLOAT32_EPS),  # not a float16 integer either (4095 -> 4096)
     ("bfloat16", "int16", None, FLOAT32_EPS),

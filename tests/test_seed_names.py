@@ -342,30 +342,29 @@ def _one_value_block(value: float, size: int) -> torch.Tensor:
     return x
 
 
-# (observer, Quark mode, block size, value, our _calculate_qparams() scale): the edge cases README.md lists under
-# "Where Quark differs", each where Quark's float32 log2 is off by one or Quark does not clamp to E8M0.
+# (observer, Quark mode, block size, value, our _calculate_qparams() scale, Quark 0.13's): the edge cases README.md
+# lists under "Where Quark differs", each where Quark's float32 log2 is off by one or it does not clamp to E8M0.
 BLOCK_EDGES = [
-    ("PerBlockMXObserver", "floor", 32, 1e-37, 2.0**-127),  # tiny non-zero block: code 0 (it was given eps)
-    ("PerBlockBFPObserver", None, 8, 1e-40, 2.0**-133),  # the same, BFP's mantissa LSB 2**(-127 - 6)
-    ("PerBlockMXObserver", "floor", 32, 16 * (1 - 2**-24), 2.0**-5),  # one ulp below 2**4: floor(log2) = 3
-    ("PerBlockMXObserver", "ceil", 32, 2**20 * (1 + 2**-23), 2.0**13),  # one ulp above 2**20: ceil(log2) = 21
-    ("PerBlockBFPObserver", None, 8, -16 * (1 - 2**-24), 2.0**-3),  # |x| one ulp below 2**4: e = 3
-    ("PerBlockMXObserver", "floor", 32, float("inf"), 2.0**127),  # clamped to code 254
-    ("PerBlockMXObserver", "even", 32, 3.4e38, 2.0**120),
-    ("PerBlockBFPObserver", None, 8, 3.4e38, 2.0**121),
+    ("PerBlockMXObserver", "floor", 32, 1e-37, 2.0**-127, 2.0**-131),  # tiny non-zero block (ours was eps)
+    ("PerBlockBFPObserver", None, 8, 1e-40, 2.0**-133, 2.0**-139),  # the same, BFP's mantissa LSB 2**(e - 6)
+    ("PerBlockMXObserver", "floor", 32, 16 * (1 - 2**-24), 2.0**-5, 2.0**-4),  # one ulp below 2**4
+    ("PerBlockMXObserver", "ceil", 32, 2**20 * (1 + 2**-23), 2.0**13, 2.0**12),  # one ulp above 2**20
+    ("PerBlockBFPObserver", None, 8, -16 * (1 - 2**-24), 2.0**-3, 2.0**-2),  # |x| one ulp below 2**4
+    ("PerBlockMXObserver", "floor", 32, float("inf"), 2.0**127, float("inf")),  # ours clamped to code 254
+    ("PerBlockMXObserver", "even", 32, 3.4e38, 2.0**120, 2.0**127),
+    ("PerBlockBFPObserver", None, 8, 3.4e38, 2.0**121, float("inf")),
 ]
 
 
-@pytest.mark.parametrize("name, mode, size, value, expected", BLOCK_EDGES)
-def test_quark_block_edge_cases(quark, name, mode, size, value, expected):
+@pytest.mark.parametrize("name, mode, size, value, expected, quarks", BLOCK_EDGES)
+def test_quark_block_edge_cases(quark, name, mode, size, value, expected, quarks):
     """Ours gives the exact (OCP/E8M0-clamped) scale where Quark 0.13's differs; both enumerated here on the
-    installed Quark, so README's list stays true."""
+    installed Quark, so README's list (values included) stays true."""
     spec = _mx_spec(quark, "fp8_e4m3", mode) if mode else _bfp_spec(quark)
     ours, theirs = _quark_pair(quark, name, spec, torch.finfo(torch.float32).eps)
     _feed([ours, theirs], [_one_value_block(value, size)])
-    got = ours._calculate_qparams()[0].reshape(-1)[0].item()
-    assert got == expected
-    assert _quark_qparams(theirs)[0].reshape(-1)[0].item() != got
+    assert ours._calculate_qparams()[0].reshape(-1)[0].item() == expected
+    assert _quark_qparams(theirs)[0].reshape(-1)[0].item() == quarks
 
 
 def test_quark_block_observers_before_data_and_modes(quark):
