@@ -38,6 +38,7 @@ from observers_core._qparams import QParams
 from observers_core._state_dict import check_entry, check_keys
 from observers_core.families import lowbit as family
 from observers_core.families.lowbit import (
+    STATE_KEYS,
     UNINITIALIZED_WARNING,
     check_axis,
     check_loaded_stats,
@@ -46,7 +47,7 @@ from observers_core.families.lowbit import (
     unobserved_state,
 )
 
-from ._array_observers import StatefulObserver
+from ._array_observers import ObserveLoop, StatefulObserver
 
 __all__ = [
     "LowBitObserver",
@@ -58,10 +59,90 @@ __all__ = [
 
 Array = Any
 
+# ------------------------------------------------------------- the observe steps, every framework
+
+
+class LowBitSteps(ObserveLoop):
+    """The low-bit observer of every framework (the array observers here, the torch ones in
+    ``adapters.torch``), over the storage the framework gives it: the statistics are read by
+    ``_read_state()`` and committed by ``_write_state`` (the observe step, :class:`ObserveLoop`), and every
+    pure step of :mod:`observers_core.families.lowbit` runs through ``_run_family(fn, *args)``, which
+    calls ``fn(config, *args)``. Needs ``spec``, ``is_dynamic``, ``ignore_nonfinite`` and ``_backend``."""
+
+    _FAMILY: str | None = None
+
+    def _make_spec(self, dtype: Any, layout: Mapping[str, Any]) -> Any:
+        """The validated :class:`~observers_core.LowBitSpec` of a constructor's ``dtype`` and ``layout``
+        (``make_spec``'s keywords), for this class's family."""
+        return make_spec(type(self).__name__, self._FAMILY, dtype, **layout)
+
+    @property
+    def config(self) -> family.Config:
+        """The low-bit family's configuration (:class:`observers_core.families.lowbit.Config`)."""
+        return family.Config(self.spec, self.is_dynamic, self.ignore_nonfinite)
+
+    @property
+    def _step_config(self) -> family.Config:
+        """The configuration the core steps run with: the dynamic mode is the observer's (``update`` drops
+        the state), so static and dynamic observers share one compiled update under JAX."""
+        return family.Config(self.spec, False, self.ignore_nonfinite)
+
+    def _check_input(self, x: Array) -> Array:
+        x = super()._check_input(x)  # the framework's: an array of its namespace, on the state's device
+        check_axis(x, self.spec)
+        return x
+
+    def _fitting_state(self, state: MinMaxState | None, x: Array, axis: None) -> MinMaxState | None:
+        """What the update starts from: ``state`` (on ``x``'s device), or for ``None`` and in dynamic mode
+        the backend's identity start (``None``; JAX: the identity, so every batch shares one compile)."""
+        if state is None or self.is_dynamic:
+            return self._backend.identity_start(family.update, self._step_config, x)
+        state = MinMaxState(*state)
+        self._backend.check_device(x, state.min_val)
+        return state
+
+    def _compute_update(self, state: MinMaxState | None, x: Array, axis: None, collective: Any = None) -> MinMaxState:
+        return self._run_family(family.update, state, x, collective=collective)
+
+    def calculate_qparams(self) -> QParams | BlockScale:
+        """``QParams(scale, zero_point)`` (integers, fp8) or ``BlockScale(scale, exponent)`` (MX, BFP16) of
+        the observed statistics, one entry per tensor / channel / group / block; see
+        :func:`observers_core.lowbit_qparams`. Before any input: a warning and the qparams of one
+        entry that has seen nothing (integers ``[1.], [0]`` as torch)."""
+        state = self._read_state()
+        if state is None:
+            warnings.warn(UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
+            state = unobserved_state(self._backend.xp, self._home_device())
+        return self._run_family(family.qparams, state)
+
+    def fake_quantize(self, x: Array) -> Array:
+        """Quantize-dequantize ``x`` with :meth:`calculate_qparams` (``x`` must fit the statistics'
+        shape); see :func:`observers_core.lowbit_fake_quantize`. Output dtype: ``x``'s floating dtype
+        (float32 for integers)."""
+        state = self._read_state()
+        x = self._check_input(x)
+        if state is None:
+            raise RuntimeError(f"{type(self).__name__}.fake_quantize needs observed statistics; call the observer on data first")
+        self._backend.check_device(x, state.min_val)
+        return self._run_family(family.fake_quantize, state, x)
+
+    def _checked_stats(self, state_dict: Mapping[str, Any], prefix: str = "") -> tuple[np.ndarray, np.ndarray] | None:
+        """The ``min_val``/``max_val`` entries of a state dict as validated host arrays
+        (:func:`check_loaded_stats`; ``None``: never updated), before anything is loaded."""
+        lo = check_entry(state_dict[prefix + "min_val"], "min_val", None)
+        hi = check_entry(state_dict[prefix + "max_val"], "max_val", None)
+        return check_loaded_stats(lo, hi, self.spec, type(self).__name__)
+
+    def extra_repr(self) -> str:
+        state = self._read_state()
+        shape = None if state is None else tuple(state.min_val.shape)
+        return describe(self.spec, self.is_dynamic, self.ignore_nonfinite) + f", stats_shape={shape}"
+
+
 # ---------------------------------------------------------------------------------------- classes
 
 
-class LowBitObserver(StatefulObserver):
+class LowBitObserver(LowBitSteps, StatefulObserver):
     """Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
 
     ``obs(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when ``is_dynamic``)
@@ -69,8 +150,6 @@ class LowBitObserver(StatefulObserver):
     ``lowbit_fake_quantize(x, calculate_qparams())``. ``ignore_nonfinite=True`` skips NaN/+-Inf (BFP16
     always does); by default NaN propagates (integer scale NaN, MX code 255).
     """
-
-    _FAMILY: str | None = None
 
     def __init__(
         self,
@@ -97,19 +176,13 @@ class LowBitObserver(StatefulObserver):
                **layout: Any) -> None:
         """What the public constructors forward to (every framework's base has one: the torch classes are
         these constructors bound to ``adapters.torch``'s base); ``layout``: ``make_spec``'s keywords."""
-        spec = make_spec(type(self).__name__, self._FAMILY, dtype, **layout)
-        super().__init__(spec, is_dynamic, ignore_nonfinite=ignore_nonfinite, xp=xp)
+        super().__init__(self._make_spec(dtype, layout), is_dynamic, ignore_nonfinite=ignore_nonfinite, xp=xp)
 
-    @property
-    def config(self) -> family.Config:
-        """The low-bit family's configuration (:class:`observers_core.families.lowbit.Config`)."""
-        return family.Config(self._spec, self.is_dynamic, self.ignore_nonfinite)
+    def _home_device(self) -> Any:
+        return self._device
 
-    @property
-    def _step_config(self) -> family.Config:
-        """The configuration the core steps run with: the dynamic mode is the observer's (``update`` drops
-        the state), so static and dynamic observers share one compiled update under JAX."""
-        return family.Config(self._spec, False, self.ignore_nonfinite)
+    def _run_family(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return self._backend.run(fn, self._step_config, *args, **kwargs)
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -131,12 +204,6 @@ class LowBitObserver(StatefulObserver):
                 )
         self._state = state
 
-    # -- observe (the family's pure steps, through the backend) ---------------------------------
-    def _check_input(self, x: Array) -> Array:
-        x = super()._check_input(x)
-        check_axis(x, self._spec)
-        return x
-
     def update(self, state: MinMaxState | None, x: Array, *, collective: Any = None,
                axis_name: Any = None) -> MinMaxState | None:
         """Pure: the state after observing ``x`` (``state=None``: nothing seen yet; dynamic mode ignores
@@ -146,41 +213,9 @@ class LowBitObserver(StatefulObserver):
         exists)."""
         return super().update(state, x, collective=collective, axis_name=axis_name)
 
-    def _fitting_state(self, state: MinMaxState | None, x: Array, axis: None) -> MinMaxState | None:
-        """What the update starts from: ``state`` (on ``x``'s device), or for ``None`` and in dynamic mode
-        the backend's identity start (``None``; JAX: the identity, so every batch shares one compile)."""
-        if state is None or self.is_dynamic:
-            return self._backend.identity_start(family.update, self._step_config, x)
-        state = MinMaxState(*state)
-        self._backend.check_device(x, state.min_val)
-        return state
-
-    def _compute_update(self, state: MinMaxState | None, x: Array, axis: None, collective: Any = None) -> MinMaxState:
-        return self._backend.run(family.update, self._step_config, state, x, collective=collective)
-
-    # -- qparams -------------------------------------------------------------------------------
     def qparams(self, state: MinMaxState) -> QParams | BlockScale:
         """Pure: :func:`observers_core.lowbit_qparams` of ``state``."""
-        return self._backend.run(family.qparams, self._step_config, MinMaxState(*state))
-
-    def calculate_qparams(self) -> QParams | BlockScale:
-        """``QParams(scale, zero_point)`` (integers, fp8) or ``BlockScale(scale, exponent)`` (MX, BFP16) of
-        the observed statistics, one entry per tensor / channel / group / block; see
-        :func:`observers_core.lowbit_qparams`. Before any input: a warning and the qparams of one
-        entry that has seen nothing (integers ``[1.], [0]`` as torch)."""
-        if self._state is None:
-            warnings.warn(UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
-            return self.qparams(unobserved_state(self._xp))
-        return self.qparams(self._state)
-
-    def fake_quantize(self, x: Array) -> Array:
-        """Quantize-dequantize ``x`` with :meth:`calculate_qparams` (``x`` must fit the statistics'
-        shape); see :func:`observers_core.lowbit_fake_quantize`. Output dtype: ``x``'s floating dtype."""
-        x = self._check_input(x)
-        if self._state is None:
-            raise RuntimeError(f"{type(self).__name__}.fake_quantize needs observed statistics; call the observer on data first")
-        self._backend.check_device(x, self._state.min_val)
-        return self._backend.run(family.fake_quantize, self._step_config, self._state, x)
+        return self._run_family(family.qparams, MinMaxState(*state))
 
     # -- state dict ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Array]:
@@ -193,20 +228,10 @@ class LowBitObserver(StatefulObserver):
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Load ``min_val``/``max_val`` (numpy, this framework's arrays or torch CPU tensors), all checked
         (:func:`check_loaded_stats`) before anything changes."""
-        owner = type(self).__name__
-        check_keys(state_dict, ("min_val", "max_val"), owner)
-        lo = check_entry(state_dict["min_val"], "min_val", None)
-        hi = check_entry(state_dict["max_val"], "max_val", None)
-        checked = check_loaded_stats(lo, hi, self._spec, owner)
-        if checked is None:
-            self._state = None
-            return
+        check_keys(state_dict, STATE_KEYS, type(self).__name__)
+        checked = self._checked_stats(state_dict)
         like = None if self._state is None else self._state.min_val
-        self._state = MinMaxState(*(self._place(a, None, like) for a in checked))
-
-    def extra_repr(self) -> str:
-        shape = None if self._state is None else tuple(self._state.min_val.shape)
-        return describe(self._spec, self.is_dynamic, self.ignore_nonfinite) + f", stats_shape={shape}"
+        self._state = None if checked is None else MinMaxState(*(self._place(a, None, like) for a in checked))
 
 
 class PerGroupMinMaxObserver(LowBitObserver):

@@ -179,6 +179,11 @@ class TorchBackend(Backend):
             x = x.to(like.dtype)
         return x
 
+    def check_device(self, x: torch.Tensor, like: torch.Tensor) -> None:
+        """``ValueError`` unless ``x`` is on ``like``'s device (torch's own comparison: it runs per batch)."""
+        if x.device != like.device:
+            raise ValueError(f"x is on device {x.device} but this observer's state is on {like.device}; move x there")
+
     def run(self, fn: Callable[..., Any], /, *args: Any, **static: Any) -> Any:
         """``fn(*args, **static)``, as every backend runs it, except that CPU tensors go through their
         zero-copy NumPy views (and an ``xp`` keyword becomes NumPy's namespace) when the compiled kernels are

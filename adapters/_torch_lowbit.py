@@ -22,22 +22,14 @@ Example::
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import torch
 
-from observers_core._lowbit import lowbit_fake_quantize, lowbit_qparams
 from observers_core._minmax import MinMaxState
-from observers_core._state_dict import check_entry
-
-from observers_core.families import lowbit as lowbit_family
+from observers_core._validate import check_bool
 
 from . import _array_lowbit as _base
 from ._catalog import constructor_on
-from observers_core._validate import check_bool
-
-from ._array_observers import ObserveLoop
 from ._torch_distributed import SyncMixin
 from ._torch_backend import TORCH, to_lowbit_dtype
 from ._torch_minmax import EagerOnly, ObserverBase, RangeBuffers, all_or_nothing
@@ -46,7 +38,7 @@ from ._torch_pt2e import link_torchao, pt2e_observer
 __all__ = list(_base.__all__)
 
 @pt2e_observer
-class _LowBitObserver(SyncMixin, ObserveLoop, RangeBuffers, EagerOnly, ObserverBase):
+class _LowBitObserver(SyncMixin, _base.LowBitSteps, RangeBuffers, EagerOnly, ObserverBase):
     r"""Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
 
     ``forward(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when
@@ -60,7 +52,7 @@ class _LowBitObserver(SyncMixin, ObserveLoop, RangeBuffers, EagerOnly, ObserverB
     """
 
     _version = 1
-    _FAMILY: str | None = None
+    _backend = TORCH
 
     min_val: torch.Tensor
     max_val: torch.Tensor
@@ -69,7 +61,7 @@ class _LowBitObserver(SyncMixin, ObserveLoop, RangeBuffers, EagerOnly, ObserverB
                process_group=None, **layout) -> None:
         """What the public constructors forward to; ``layout``: ``make_spec``'s keywords."""
         link_torchao()
-        spec = lowbit_family.make_spec(type(self).__name__, self._FAMILY, to_lowbit_dtype(dtype), **layout)
+        spec = self._make_spec(to_lowbit_dtype(dtype), layout)
         ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
         is_dynamic = check_bool(is_dynamic, "is_dynamic")
         factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
@@ -80,23 +72,18 @@ class _LowBitObserver(SyncMixin, ObserveLoop, RangeBuffers, EagerOnly, ObserverB
         self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
         self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
 
-    # -- the observe step (every framework's ObserveLoop) over the buffers -------------------------
+    # -- the family's steps (``LowBitSteps``, every framework's) over the buffers -------------------
     def forward(self, x_orig):
         r"""Records the statistics of ``x`` (static: merged with the previous ones; dynamic: alone);
         returns ``x`` itself. Errors leave the buffers untouched."""
         return self._observe_input(x_orig)
 
-    def _check_input(self, x_orig) -> torch.Tensor:
-        x = TORCH.checked_input(x_orig, self._buffers["min_val"])
-        lowbit_family.check_axis(x, self.spec)
-        return x
+    def _home_device(self) -> torch.device:
+        return self._buffers["min_val"].device
 
-    def _fitting_state(self, state: MinMaxState | None, x: torch.Tensor, axis: None) -> MinMaxState | None:
-        return None if self.is_dynamic else state  # the device is checked with the input
-
-    def _compute_update(self, state: MinMaxState | None, x: torch.Tensor, axis: None, collective) -> MinMaxState:
-        return lowbit_family.observe(state, x, spec=self.spec, ignore_nonfinite=self.ignore_nonfinite, xp=TORCH.fast_xp,
-                                     collective=collective)  # fmt: skip
+    def _run_family(self, fn, /, *args, **kwargs):
+        """``fn(config, *args)`` eagerly with torch's own ``minimum``/``maximum``/``where``."""
+        return fn(self._step_config, *args, xp=TORCH.fast_xp, **kwargs)
 
     def _write_state(self, state: MinMaxState) -> None:
         if self.is_dynamic or self._buffers["min_val"].numel() == 0:  # the statistics fix shape and dtype
@@ -114,26 +101,6 @@ class _LowBitObserver(SyncMixin, ObserveLoop, RangeBuffers, EagerOnly, ObserverB
             "calculate_qparams()/fake_quantize() directly, or a per-tensor/per-channel observer in the PT2E flow."
         )
 
-    def calculate_qparams(self):  # type: ignore[override]
-        r"""``lowbit_qparams`` of the buffers, one entry per tensor / channel / group / block. Before any
-        input: a warning and the qparams of one entry that has seen nothing (integers ``[1.], [0]``)."""
-        state = self._read_state()
-        if state is None:
-            warnings.warn(lowbit_family.UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
-            state = lowbit_family.unobserved_state(TORCH.fast_xp, self.min_val.device)
-        return lowbit_qparams(state, self.spec, xp=TORCH.fast_xp)
-
-    def fake_quantize(self, x_orig: torch.Tensor) -> torch.Tensor:
-        r"""Quantize-dequantize ``x`` with :meth:`calculate_qparams` (``lowbit_fake_quantize``; ``x`` must
-        fit the statistics' shape). Output dtype: ``x``'s floating dtype (float32 for integers)."""
-        state = self._read_state()
-        x = TORCH.checked_input(x_orig, self.min_val)
-        lowbit_family.check_axis(x, self.spec)
-        if state is None:
-            raise RuntimeError(f"{type(self).__name__}.fake_quantize needs observed statistics; call the observer on data first")
-        lowbit_family.check_fake_quantize_input(x, state, self.spec)
-        return lowbit_fake_quantize(x, lowbit_qparams(state, self.spec, xp=TORCH.fast_xp), self.spec, xp=TORCH.fast_xp)
-
     def reset_min_max_vals(self):
         """Empties the buffers (float32, device kept), as before the first batch."""
         self._empty_buffers(dtype=torch.float32)
@@ -142,23 +109,17 @@ class _LowBitObserver(SyncMixin, ObserveLoop, RangeBuffers, EagerOnly, ObserverB
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
     ):
-        TORCH.entries(state_dict, prefix, ("min_val", "max_val"))  # NumPy/JAX/CuPy entries as tensors
-        lo, hi = state_dict.get(prefix + "min_val"), state_dict.get(prefix + "max_val")
-        if isinstance(lo, torch.Tensor) and isinstance(hi, torch.Tensor):
+        keys = TORCH.entries(state_dict, prefix, self._RANGE)  # NumPy/JAX/CuPy entries as tensors
+        if all(isinstance(state_dict.get(key), torch.Tensor) for key in keys):
             # everything checked before any buffer changes; then buffers of the saved shape and dtype
-            owner = type(self).__name__
-            checked = lowbit_family.check_loaded_stats(check_entry(lo, "min_val", None), check_entry(hi, "max_val", None), self.spec, owner)
+            checked = self._checked_stats(state_dict, prefix)
             shape = (0,) if checked is None else checked[0].shape
             dtype = torch.float64 if checked is not None and checked[0].dtype == np.float64 else torch.float32
-            for name in ("min_val", "max_val"):
+            for name in self._RANGE:
                 self._buffers[name] = torch.empty(shape, dtype=dtype, device=self._buffers[name].device)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-
-    def extra_repr(self):
-        shape = None if self.min_val.numel() == 0 else tuple(self.min_val.shape)
-        return lowbit_family.describe(self.spec, self.is_dynamic, self.ignore_nonfinite) + f", stats_shape={shape}"
 
 
 _TORCH_DEFAULTS = {"float8_e4m3fn": torch.float8_e4m3fn}

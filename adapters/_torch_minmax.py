@@ -145,6 +145,10 @@ class RangeBuffers:
 
     _RANGE = ("min_val", "max_val")
 
+    def _check_input(self, x_orig) -> torch.Tensor:
+        """``x`` detached, on the buffers' device, real (:meth:`TorchBackend.checked_input`)."""
+        return TORCH.checked_input(x_orig, self._buffers["min_val"])
+
     def _read_state(self) -> MinMaxState | None:
         """The buffers as the state (``None``: empty buffers, nothing seen)."""
         buffers = self._buffers  # one dict lookup instead of nn.Module.__getattr__ per access
@@ -358,9 +362,6 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
         r"""Records ``x`` (with ``sync``, every rank's ``x``) in the statistics; returns ``x`` itself.
         Errors leave the buffers untouched."""
         return self._observe_input(x_orig)
-
-    def _check_input(self, x_orig) -> torch.Tensor:
-        return TORCH.checked_input(x_orig, self._buffers["min_val"])
 
     def _new_state(self, x: torch.Tensor, channels: int | None) -> MinMaxState:
         like = self._buffers["min_val"]

@@ -219,11 +219,11 @@ def init(config: Config, /, *, num_channels: int | None = None, device: Any = No
     return minmax_init(num_channels=1 if num_channels is None else num_channels, device=device, xp=xp)
 
 
-def update(config: Config, state: State | None, x: Array, /, *, collective: Any = None) -> State:
+def update(config: Config, state: State | None, x: Array, /, *, collective: Any = None, xp: Any = None) -> State:
     """Static: ``minmax_merge(state, lowbit_stats(x))``; dynamic (or ``state=None``): ``lowbit_stats(x)``.
     ``ValueError`` if ``x``'s statistics have another shape than ``state``'s. With a collective, the
-    statistics of every member's ``x`` (see :func:`observe`)."""
-    xp = array_namespace(x)
+    statistics of every member's ``x`` (see :func:`observe`). ``xp``: ``x``'s namespace by default."""
+    xp = array_namespace(x, xp=xp)
     return observe(None if config.is_dynamic else state, x, spec=config.spec,
                    ignore_nonfinite=config.ignore_nonfinite, xp=xp, collective=collective)
 
@@ -233,12 +233,12 @@ def merge(config: Config, a: State, b: State, /) -> State:
     return minmax_merge(a, b)
 
 
-def qparams(config: Config, state: State, /) -> QParams | BlockScale:
+def qparams(config: Config, state: State, /, *, xp: Any = None) -> QParams | BlockScale:
     """:func:`observers_core.lowbit_qparams` of the state."""
-    return lowbit_qparams(state, config.spec)
+    return lowbit_qparams(state, config.spec, xp=xp)
 
 
-def fake_quantize(config: Config, state: State, x: Array, /) -> Array:
+def fake_quantize(config: Config, state: State, x: Array, /, *, xp: Any = None) -> Array:
     """``x`` quantized and dequantized with the state's qparams (:func:`observers_core.lowbit_fake_quantize`)."""
     check_fake_quantize_input(x, state, config.spec)
-    return lowbit_fake_quantize(x, qparams(config, state), config.spec)
+    return lowbit_fake_quantize(x, qparams(config, state, xp=xp), config.spec, xp=xp)
