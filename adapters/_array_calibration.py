@@ -54,10 +54,11 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from observers_core._calibration import CalibHistogram
 from observers_core._dtypes import QScheme
 from observers_core._minmax import MinMaxState
-from observers_core._namespace import size
-from observers_core._qparams import QParams
+from observers_core._namespace import array_namespace, size
+from observers_core._validate import INF
 from observers_core.families.calibration import (
     KLAccumulator,
     batch_update,
@@ -101,6 +102,27 @@ class KLSteps(CalibrationSteps):
         acc = acc if acc is not None else self._new_accumulator(x, channels)
         check_accumulator_channels(acc, channels, self.ch_axis)
         return acc
+
+    def calculate_qparams(self) -> Any:
+        """``calculate_qparams(x_min, x_max)`` of the averaged KL range. Before the first KL update (fewer
+        than ``update_interval`` batches and no range loaded): a warning that says so and the defaults
+        ``scale=[1.], zero_point=[0]``."""
+        if self.num_steps < self.config.update_interval and self._nothing_seen():
+            with warnings.catch_warnings():  # one warning, ours, instead of the base's generic one
+                warnings.simplefilter("ignore")
+                default = super().calculate_qparams()
+            warnings.warn(kl_pending_message(type(self).__name__, self.num_steps, self.config.update_interval),
+                          UserWarning, stacklevel=2)
+            return default
+        return super().calculate_qparams()
+
+    def _nothing_seen(self) -> bool:
+        """Whether the averaged range is empty or ``+inf``/``-inf`` everywhere."""
+        state = self._read_state()
+        if state is None:
+            return True
+        xp = array_namespace(state.min_val)
+        return bool(xp.all((state.min_val == INF) & (state.max_val == -INF)))
 
     def _observe(self, state: MinMaxState, x: Array, axis: int | None, collective: Any) -> None:
         acc = self._fitting_accumulator(self._read_accumulator(), x, axis)
@@ -341,6 +363,7 @@ class KLObserver(KLSteps, _CalibrationObserver):
         empty ``x``: ``acc``). With a :class:`~observers_core.Collective` (JAX: ``axis_name=`` inside
         ``shard_map``/``pmap``) the batch is every member's: each member holds the accumulator of the
         concatenated batches (an empty ``x`` takes part)."""
+        acc = None if acc is None else self._as_accumulator(acc)
         x = self._check_input(x)
         collective = self._backend.collective(collective, axis_name)
         if collective is None and size(x) == 0:
@@ -348,30 +371,26 @@ class KLObserver(KLSteps, _CalibrationObserver):
         axis = self._channel_axis(x)
         return self._compute_accumulate(self._fitting_accumulator(acc, x, axis), x, axis, collective)
 
+    def _as_accumulator(self, acc: Any) -> KLAccumulator:
+        """``acc`` checked as an accumulator (``TypeError`` naming ``acc``): what ``accumulate`` returns."""
+        if not isinstance(acc, tuple) or len(acc) != 2:
+            raise TypeError(f"acc must be a KLAccumulator(hist, seen) as accumulate() returns, got {type(acc).__name__}")
+        return KLAccumulator(self._state_tuple(acc[0], CalibHistogram, "acc.hist", ("integral", "real floating")),
+                             self._state_tuple(acc[1], MinMaxState, "acc.seen"))
+
     def kl_step(self, state: MinMaxState | None, acc: KLAccumulator) -> MinMaxState:
         """Pure KL update: the accumulated range clipped to the KL threshold of the accumulated histogram,
         moving-averaged into ``state`` (``None``: the first KL update)."""
+        acc = self._as_accumulator(acc)
         if state is None:
             state = self.init_state(acc.seen.min_val.shape[0] if self._PER_CHANNEL else None)
-        return self._compute_kl(state, acc)
+        return self._compute_kl(self._as_state(state), acc)
 
     def update(self, state: MinMaxState, x: Array, **kwargs: Any) -> MinMaxState:
         raise NotImplementedError(
             "KLObserver has no pure update(state, x): its KL step depends on the histogram accumulated over "
             "all batches and on the batch count; use acc = obs.accumulate(acc, x) and state = obs.kl_step(state, acc)"
         )
-
-    def calculate_qparams(self) -> QParams:
-        """``calculate_qparams(x_min, x_max)`` of the averaged KL range; before the first KL update a
-        warning that says so and ``scale=[1.], zero_point=[0]``."""
-        if self._state is None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                default = super().calculate_qparams()
-            warnings.warn(kl_pending_message(type(self).__name__, self.num_steps, self.update_interval), UserWarning,
-                          stacklevel=2)
-            return default
-        return super().calculate_qparams()
 
     def reset_min_max_vals(self) -> None:
         """Forget everything seen: the averaged range, the histogram and the batch count."""

@@ -128,10 +128,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         return family.Config(self._bins, self._upsample_rate, self._spec, self.ignore_nonfinite)
 
     def _as_state(self, state: Any) -> HistogramState:
-        """``state`` as a :class:`HistogramState` of this observer's shapes (``TypeError``/``ValueError``)."""
-        if not isinstance(state, tuple) or len(state) != 3:
-            raise TypeError(f"state must be a HistogramState(histogram, min_val, max_val), got {type(state).__name__}")
-        state = HistogramState(*state)
+        state = self._state_tuple(state, HistogramState)
         shapes = tuple(tuple(a.shape) for a in state)
         if shapes != ((self._bins,), (), ()):
             raise ValueError(f"state must hold shapes ({self._bins},), (), () for bins={self._bins}, got {shapes}")
@@ -145,10 +142,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
 
     @state.setter
     def state(self, state: HistogramState | None) -> None:
-        if state is not None:
-            state = self._as_state(state)
-            self._check_state_arrays(state)
-        self._state = state
+        self._state = None if state is None else self._as_state(state)
 
     @property
     def histogram(self) -> Array:
@@ -165,7 +159,7 @@ class HistogramObserver(UniformQuantizationObserverBase):
         """Pure: the state after observing ``x`` (:func:`observers_core.histogram_update`); empty ``x``
         returns ``state``. With a :class:`~observers_core.Collective` (JAX: ``axis_name=``), the batch is
         every member's (range agreed first, integer counts summed; an empty ``x`` still takes part)."""
-        return super().update(self._as_state(state), x, collective=collective, axis_name=axis_name)
+        return super().update(state, x, collective=collective, axis_name=axis_name)
 
     def qparams(self, state: HistogramState) -> QParams:
         """Pure: :func:`observers_core.histogram_qparams` of ``state``."""

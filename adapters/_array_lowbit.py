@@ -97,7 +97,6 @@ class LowBitSteps(ObserveLoop):
         the backend's identity start (``None``; JAX: the identity, so every batch shares one compile)."""
         if state is None or self.is_dynamic:
             return self._backend.identity_start(family.update, self._step_config, x)
-        state = MinMaxState(*state)
         self._backend.check_device(x, state.min_val)
         return state
 
@@ -192,17 +191,16 @@ class LowBitObserver(LowBitSteps, StatefulObserver):
 
     @state.setter
     def state(self, state: MinMaxState | None) -> None:
-        if state is not None:
-            if not isinstance(state, tuple) or len(state) != 2:
-                raise TypeError(f"state must be a MinMaxState(min_val, max_val) or None, got {type(state).__name__}")
-            state = MinMaxState(*state)
-            self._check_state_arrays(state)
-            if tuple(state.min_val.shape) != tuple(state.max_val.shape):
-                raise ValueError(
-                    f"state must hold min_val and max_val of one shape, got {tuple(state.min_val.shape)} "
-                    f"and {tuple(state.max_val.shape)}"
-                )
-        self._state = state
+        self._state = None if state is None else self._as_state(state)
+
+    def _as_state(self, state: Any) -> MinMaxState:
+        state = self._state_tuple(state, MinMaxState)
+        if tuple(state.min_val.shape) != tuple(state.max_val.shape):
+            raise ValueError(
+                f"state must hold min_val and max_val of one shape, got {tuple(state.min_val.shape)} "
+                f"and {tuple(state.max_val.shape)}"
+            )
+        return state
 
     def update(self, state: MinMaxState | None, x: Array, *, collective: Any = None,
                axis_name: Any = None) -> MinMaxState | None:
@@ -215,7 +213,7 @@ class LowBitObserver(LowBitSteps, StatefulObserver):
 
     def qparams(self, state: MinMaxState) -> QParams | BlockScale:
         """Pure: :func:`observers_core.lowbit_qparams` of ``state``."""
-        return self._run_family(family.qparams, MinMaxState(*state))
+        return self._run_family(family.qparams, self._as_state(state))
 
     # -- state dict ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Array]:

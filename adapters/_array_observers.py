@@ -183,18 +183,28 @@ class StatefulObserver(ObserveLoop, ObserverBase):
         """Forget everything seen (per channel, the channel count too)."""
         self._state = None
 
-    def _check_state_arrays(self, state: tuple) -> None:
-        """``TypeError`` unless every entry of the NamedTuple ``state`` (given to the ``state`` setter) is an
-        array of this observer's namespace with a real floating dtype, as the pure steps return (an integer
-        state would truncate every later update; a NumPy array in a JAX observer would stay one)."""
-        for name, value in zip(state._fields, state):
+    def _state_tuple(self, state: Any, kind: type, name: str = "state", kinds: str = "real floating") -> Any:
+        """``state`` as the NamedTuple ``kind`` (``TypeError`` naming ``name`` unless it is a tuple of as many
+        arrays of this observer's namespace, each of a dtype of ``kinds``). The pure steps return such
+        states: an integer state would truncate every later update, a NumPy array in a JAX observer would
+        stay one."""
+        if not isinstance(state, tuple) or len(state) != len(kind._fields):
+            raise TypeError(f"{name} must be a {kind.__name__}({', '.join(kind._fields)}), got {type(state).__name__}")
+        state = kind(*state)
+        for field, value in zip(state._fields, state):
             try:
                 same = array_api_compat.array_namespace(value) is self._xp
             except TypeError:
                 same = False
-            if not same or not self._xp.isdtype(value.dtype, "real floating"):
-                raise TypeError(f"state.{name} must be a real floating array of {self._xp.__name__}, got "
+            if not same or not self._xp.isdtype(value.dtype, kinds):
+                raise TypeError(f"{name}.{field} must be a {kinds} array of {self._xp.__name__}, got "
                                 f"{type(value).__module__}.{type(value).__name__} {getattr(value, 'dtype', '')}")
+        return state
+
+    def _as_state(self, state: Any) -> Any:
+        """``state`` checked as this observer's statistics (type, namespace, dtype, shapes): what the
+        ``state`` setter and the pure steps (``update``, ``qparams``) take."""
+        raise NotImplementedError
 
     def _read_state(self) -> Any:
         return self._state
@@ -207,6 +217,7 @@ class StatefulObserver(ObserveLoop, ObserverBase):
         an empty ``x`` returns ``state``. With a :class:`~observers_core.Collective` (JAX: ``axis_name=``
         inside ``jax.shard_map``/``jax.pmap``; other backends refuse it) the batch is every member's and
         an empty ``x`` still takes part. The stateful ``obs(x)`` is this step on the observer's state."""
+        state = None if state is None else self._as_state(state)
         x = self._check_input(x)
         collective = self._backend.collective(collective, axis_name)
         if collective is None and size(x) == 0:
@@ -286,13 +297,10 @@ class UniformQuantizationObserverBase(StatefulObserver):
 
     @state.setter
     def state(self, state: MinMaxState | None) -> None:
-        if state is None:
-            self._state = None
-            return
-        if not isinstance(state, tuple) or len(state) != 2:
-            raise TypeError(f"state must be a MinMaxState(min_val, max_val), got {type(state).__name__}")
-        state = MinMaxState(*state)
-        self._check_state_arrays(state)
+        self._state = None if state is None else self._as_state(state)
+
+    def _as_state(self, state: Any) -> MinMaxState:
+        state = self._state_tuple(state, MinMaxState)
         expected = "(C,)" if self._PER_CHANNEL else "()"
         ok = state.min_val.shape == state.max_val.shape and len(state.min_val.shape) == (1 if self._PER_CHANNEL else 0)
         if not ok:
@@ -300,7 +308,7 @@ class UniformQuantizationObserverBase(StatefulObserver):
                 f"state must hold min_val and max_val of shape {expected}, got "
                 f"{tuple(state.min_val.shape)} and {tuple(state.max_val.shape)}"
             )
-        self._state = state
+        return state
 
     def _new_state(self, x: Array, num_channels: int | None) -> MinMaxState:
         """The empty state for the first input ``x``: on the observer's device if one was given, else on
@@ -341,7 +349,7 @@ class UniformQuantizationObserverBase(StatefulObserver):
 
     def qparams(self, state: MinMaxState) -> QParams:
         """Pure: ``(scale, zero_point)`` of ``state`` (see :func:`observers_core.calculate_qparams`)."""
-        return self._compute_qparams(MinMaxState(*state))
+        return self._compute_qparams(self._as_state(state))
 
     def calculate_qparams(self) -> QParams:
         """``(scale, zero_point)``: affine ``s = max((max(x_max, 0) - min(x_min, 0)) / (Q_max - Q_min), eps)``,

@@ -33,16 +33,15 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial, reduce
-
-import warnings
 
 import torch
 
 from observers_core import CalibHistogram
 from observers_core._dtypes import QScheme
 from observers_core._minmax import MinMaxState, mean_of_replicas
-from observers_core._validate import INF, check_bool
+from observers_core._validate import INF, check_averaging_constant, check_bool, check_int
 
 from observers_core.families import calibration as family
 
@@ -103,7 +102,6 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
         self.config = config
         self._PER_CHANNEL = per_channel  # per instance: Horizon chooses by ch_axis
         self.ch_axis = int(ch_axis)
-        self.averaging_constant = config.averaging_constant
         self.last_choice: torch.Tensor | None = None
         factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
         if per_channel:
@@ -114,6 +112,16 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
             self.register_buffer("max_val", torch.tensor(-INF, **factory_kwargs))
 
     per_channel = property(lambda self: self._PER_CHANNEL, doc="Whether ``ch_axis >= 0`` (per channel).")
+
+    @property
+    def averaging_constant(self) -> float:
+        """``c`` of the moving average of the searched ranges. Settable, as on torch.ao's moving averages:
+        checked (a float in ``[0, 1]``) and used from the next batch on."""
+        return self.config.averaging_constant
+
+    @averaging_constant.setter
+    def averaging_constant(self, value) -> None:
+        self.config = dataclasses.replace(self.config, averaging_constant=check_averaging_constant(value))
 
     def _compute_batch(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> tuple:
         return TORCH.run(family.batch_update, state, x, axis=axis, config=self.config, xp=TORCH.xp,
@@ -159,12 +167,21 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
 
     def _setup(self, *args, **kwargs) -> None:
         super()._setup(*args, **kwargs)
-        self.update_interval = self.config.update_interval
         self.num_steps = 0
         for name in _ACC_BUFFERS:
             self.register_buffer(name, torch.tensor([], device=self.eps.device), persistent=False)
 
     _SYNC_BUFFERS = ("min_val", "max_val", *_ACC_BUFFERS)
+
+    @property
+    def update_interval(self) -> int:
+        """Batches between KL updates. Settable: checked (an int >= 1) and used from the next batch on (the
+        batch count stays)."""
+        return self.config.update_interval
+
+    @update_interval.setter
+    def update_interval(self, value) -> None:
+        self.config = dataclasses.replace(self.config, update_interval=check_int(value, "update_interval", minimum=1))
 
     def _apply(self, fn, recurse=True):
         """``.to(device)``, ``.cuda()``, ``share_memory()`` apply to the accumulator; a dtype conversion
@@ -207,21 +224,6 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
         """Both steps in one ``TORCH.run`` (one pass to NumPy views and back)."""
         return TORCH.run(_kl_step, state, acc, x, axis=axis, config=self.config, update=kl_due, xp=TORCH.xp,
                          collective=collective)
-
-    def calculate_qparams(self):  # type: ignore[override]
-        r"""``calculate_qparams(min_val, max_val)`` of the averaged KL range; before the first KL update a
-        warning that says so and ``(tensor([1.]), tensor([0]))``."""
-        min_val, max_val = self.min_val, self.max_val
-        if min_val.numel() == 0 or (min_val.dim() == 0 and bool((min_val == INF) & (max_val == -INF))):
-            with warnings.catch_warnings():  # one warning, ours, instead of torch's generic one
-                warnings.simplefilter("ignore")
-                default = self._default_qparams(min_val)
-            warnings.warn(
-                family.kl_pending_message(type(self).__name__, self.num_steps, self.config.update_interval),
-                UserWarning, stacklevel=2,
-            )
-            return default
-        return super().calculate_qparams()
 
     def reset_min_max_vals(self):
         """Forget everything seen: the averaged range, the histogram and the batch count."""

@@ -432,6 +432,29 @@ def test_kl_runs_every_update_interval_and_warns_before(backend):
 
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_kl_pending_warning_only_before_the_first_kl_update(backend):
+    """After a KL update that saw no finite value (an all-NaN batch) the qparams are the defaults without
+    the "no KL update yet" warning (torch said so after the update had run); a loaded
+    range is used before any batch."""
+    be = make_backend(backend)
+    obs = make(be, "KLObserver", bins=256, update_interval=1)
+    observe(obs, [np.full((4, 5), np.nan, np.float32)], be.asarray)
+    assert obs.num_steps == 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scale, zero_point = obs.calculate_qparams()
+    assert not any("KL update" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert to_numpy(scale).tolist() == [1.0] and to_numpy(zero_point).tolist() == [0]
+    loaded = make(be, "KLObserver", bins=256, update_interval=4)
+    loaded.load_state_dict(make(be, "MSEObserver", bins=256).state_dict() | {
+        "min_val": be.asarray(np.float32(-2.0)), "max_val": be.asarray(np.float32(3.0))})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scale, _ = loaded.calculate_qparams()
+    assert np.allclose(to_numpy(scale), 3.0 / 127.5)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("cls_name, extra", [(c, {}) for c in CLASSES] + [("KLObserver", {"update_interval": 3})])
 def test_another_channel_count_is_refused_and_changes_nothing(backend, cls_name, extra):
     """Per channel, a batch with another channel count raises ValueError naming both counts (KL before its
@@ -621,6 +644,50 @@ def test_torch_accepts_torch_dtypes_and_qschemes():
     assert (obs.quant_min, obs.quant_max, obs.config.levels) == (0, 255, 256)
     with pytest.raises(ValueError, match="dtype=torch.float32 is not a supported"):
         tobs.KLObserver(dtype=torch.float32)
+
+
+@pytest.mark.parametrize("cls_name", CLASSES)
+def test_torch_settable_attributes_take_effect_at_the_next_batch(cls_name):
+    """``averaging_constant`` (and KLObserver's ``update_interval``) set after construction, as torch.ao's
+    moving averages allow, are used from the next batch on: the observer then runs as one constructed
+    with the new values from the same state; bad values raise naming the attribute, nothing changes."""
+    batches = batches_of(12, n=4)
+    changed = getattr(tobs, cls_name)(bins=256, averaging_constant=0.01)
+    changed(torch.from_numpy(batches[0]))
+    changed.averaging_constant = 0.75
+    reference = getattr(tobs, cls_name)(bins=256, averaging_constant=0.75)
+    reference.load_state_dict(changed.state_dict())
+    if cls_name == "KLObserver":  # the accumulator too (not in the state dict)
+        reference(torch.from_numpy(batches[0]))
+        reference.load_state_dict(changed.state_dict())
+    for x in batches[1:]:
+        changed(torch.from_numpy(x))
+        reference(torch.from_numpy(x))
+    assert changed.averaging_constant == changed.config.averaging_constant == 0.75
+    for u, v in zip(stats(changed), stats(reference)):
+        assert_same(u, v, "after averaging_constant was set")
+    before = [s.copy() for s in stats(changed)]
+    for value, error in ((1.5, ValueError), ("0.5", TypeError), (None, TypeError)):
+        with pytest.raises(error, match="averaging_constant"):
+            changed.averaging_constant = value
+    assert changed.averaging_constant == 0.75
+    for u, v in zip(stats(changed), before):
+        assert_same(u, v, "after refused values")
+
+
+def test_torch_kl_update_interval_set_after_construction():
+    kl = tobs.KLObserver(bins=256, update_interval=4)
+    kl.update_interval = 1
+    x = torch.from_numpy(batches_of(13, n=1)[0])
+    kl(x)  # would not have run the KL update with the constructor's interval
+    every_batch = tobs.KLObserver(bins=256, update_interval=1)
+    every_batch(x)
+    assert kl.update_interval == kl.config.update_interval == 1
+    assert torch.equal(kl.min_val, every_batch.min_val) and torch.isfinite(kl.min_val)
+    for value, error in ((0, ValueError), (1.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="update_interval"):
+            kl.update_interval = value
+    assert kl.update_interval == 1
 
 
 # ------------------------------------------------------------------------------------ bad inputs

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -138,3 +139,39 @@ def test_state_setter_takes_floating_arrays_of_the_observers_library(name, frame
         with pytest.raises(TypeError, match=r"state\.\w+ must be a real floating array"):
             obs.state = bad
         assert _equal(_results(obs, name), before)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "jax"])
+@pytest.mark.parametrize("name", ["MinMaxObserver", "PerChannelMinMaxObserver", "HistogramObserver", "FP8Observer",
+                                  "MSEObserver", "KLObserver"])
+def test_pure_steps_check_the_state_they_are_given(name, framework):
+    """The pure steps take what the ``state`` setter takes: a state of other types, of integers or of
+    another library raises ``TypeError`` naming it (an ``AttributeError`` or a silent float64/int run
+    before); the observer's own states still run."""
+    make = _numpy_class(name) if framework == "numpy" else getattr(jax_observers, name)
+    own = np.asarray if framework == "numpy" else jax.numpy.asarray
+    other = jax.numpy.asarray if framework == "numpy" else np.asarray
+    obs = make(**KWARGS.get(name, {}))
+    x = own(_batch(0))
+    if name == "KLObserver":
+        acc = obs.accumulate(None, x)
+        state = obs.kl_step(None, acc)
+        steps = {"state": lambda bad: obs.kl_step(bad, acc), "acc.seen": lambda bad: obs.kl_step(state, acc._replace(seen=bad))}
+        good = {"state": state, "acc.seen": acc.seen}
+        for bad in ((1, 2), "abc", 5):
+            with pytest.raises(TypeError, match=r"acc(\.hist)? must be a"):
+                obs.accumulate(bad, x)
+    else:
+        state = obs.update(None, x)
+        steps = {"state": lambda bad: obs.update(bad, x), "state ": lambda bad: obs.qparams(bad)}
+        good = {"state": state, "state ": state}
+    for label, step in steps.items():
+        step(good[label])  # its own kind of state runs
+        kind = type(good[label])
+        for bad in ((1, 2, 3, 4), "abc", 5):
+            with pytest.raises(TypeError, match=rf"{label.strip()} must be a {kind.__name__}"):
+                step(bad)
+        for bad in (kind(*(own(np.asarray(a).astype(np.int32)) for a in good[label])),
+                    kind(*(other(np.asarray(a)) for a in good[label]))):
+            with pytest.raises(TypeError, match=rf"{re.escape(label.strip())}\.\w+ must be a real floating array"):
+                step(bad)
