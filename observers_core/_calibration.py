@@ -634,7 +634,15 @@ def _integral(prefix: np.ndarray) -> bool:
         return bool(np.all((np.floor(prefix) == prefix) & (np.abs(prefix) < 2.0**62)))
 
 
-def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Array, Array]:
+def _level_width(edges: Array, scale: Array, xp: Any) -> Array:
+    """The bin width ``w`` (C, 1) of the level sums: the histogram's, or for a zero-width histogram (all
+    edges equal) ``2**-40`` of the largest candidate step, which keeps the sums finite. Computed once for
+    every candidate, also where they run in blocks (:func:`_candidate_blocks`)."""
+    bins = edges.shape[-1] - 1
+    return xp.maximum((edges[:, -1:] - edges[:, :1]) / bins, xp.max(scale, axis=-1, keepdims=True) * 2.0**-40)
+
+
+def _squared_error_by_levels(counts, edges, scale, levels, norm, xp, width=None) -> tuple[Array, Array]:
     """The sum of :func:`_squared_error` for uniform bins of non-negative data, summed by quantization
     level instead of by bin (O(levels) per candidate), and a bound on its rounding error.
 
@@ -656,8 +664,7 @@ def _squared_error_by_levels(counts, edges, scale, levels, norm, xp) -> tuple[Ar
     s0, s1 = p0[:, -1:], p1[:, -1:]
     s2 = xp.sum(counts * j * j, axis=-1, keepdims=True)
     a = edges[:, :1]
-    # A zero-width histogram (all edges equal) is kept finite: bins 2**-40 of the largest step apart.
-    w = xp.maximum((edges[:, -1:] - edges[:, :1]) / bins, xp.max(scale, axis=-1, keepdims=True) * 2.0**-40)
+    w = _level_width(edges, scale, xp) if width is None else width
     r = scale / w
     off = a / w + 0.5
 
@@ -754,15 +761,22 @@ def _window_sums(prefix: Array, top2: Array, n: Array, r: Array, off: Array, lim
     return out + xp.astype(a2, dtype)
 
 
-def _jax_by_candidate_blocks(fn: Callable[[Array, Array], Array], scale: Array, zero_point: Array, bins: int,
-                             xp: Any) -> Array:
-    """``fn(scale, zero_point)`` (C, K) -> (C, K) on JAX, blocks of candidates in ``lax.map``: each block's
-    (C, block, bins) temporaries hold at most ``2**17`` elements: XLA allocates the buffers of every
-    ``lax.switch`` branch, also of those that do not run (63 MB for 2048 bins by bin at once, ~3 ms)."""
+def _candidate_blocks(fn: Callable[[Array, Array], Array], scale: Array, zero_point: Array, per_candidate: int,
+                      xp: Any, budget: int) -> Array:
+    """``fn(scale, zero_point)`` (C, K) -> (..., C, K) on blocks of candidates whose temporaries,
+    ``per_candidate`` elements each, hold at most ``budget`` elements together; ``fn`` at once where all fit.
+    JAX: one ``lax.map`` over equal blocks (the last padded with copies of the last candidate), so one
+    compiled body; other libraries: a loop. Every candidate's result is its own, so blocks give what one call
+    would."""
+    channels, count = scale.shape
+    block = max(1, budget // max(per_candidate, 1))
+    if block >= count:
+        return fn(scale, zero_point)
+    if not is_jax_namespace(xp):
+        parts = [fn(scale[:, k : k + block], zero_point[:, k : k + block]) for k in range(0, count, block)]
+        return xp.concat(parts, axis=-1)
     import jax
 
-    channels, count = scale.shape
-    block = max(1, min(count, (1 << 17) // max(channels * bins, 1)))
     pad = -count % block
     if pad:
         scale = xp.concat([scale, xp.broadcast_to(scale[:, -1:], (channels, pad))], axis=-1)
@@ -771,11 +785,23 @@ def _jax_by_candidate_blocks(fn: Callable[[Array, Array], Array], scale: Array, 
     def blocks(v: Array) -> Array:
         return xp.permute_dims(xp.reshape(v, (channels, -1, block)), (1, 0, 2))
 
-    out = jax.lax.map(lambda sz: fn(sz[0], sz[1]), (blocks(scale), blocks(zero_point)))
-    return xp.reshape(xp.permute_dims(out, (1, 0, 2)), (channels, -1))[:, :count]
+    out = jax.lax.map(lambda sz: fn(sz[0], sz[1]), (blocks(scale), blocks(zero_point)))  # (blocks, ..., C, block)
+    out = xp.moveaxis(out, 0, -2)
+    return xp.reshape(out, tuple(out.shape[:-2]) + (-1,))[..., :count]
 
 
-def _squared_error_by_levels32(counts, edges, scale, levels, norm, dense, xp, limbs: int | None = None) -> Array:
+#: The by-bin fallback of the float32 level sums on JAX runs in candidate blocks of at most this many
+#: elements: XLA allocates the buffers of every ``lax.switch`` branch, also of those that do not run (63 MB
+#: for 2048 bins by bin at once, ~3 ms).
+_SWITCH_BRANCH_ELEMENTS = 1 << 17
+#: The level sums of one channel's candidates hold ``candidates * levels * 6`` elements at once; beyond this
+#: many they run in candidate blocks (int16's 32768 levels by ~32k candidates: tens of GB at once). Channels
+#: are chunked inside (``_channel_chunks``).
+_LEVEL_SUM_ELEMENTS = 1 << 25
+
+
+def _squared_error_by_levels32(counts, edges, scale, levels, norm, dense, xp, limbs: int | None = None, width=None,
+                               choice=None) -> Array:
     """:func:`_squared_error_by_levels` in float32 arithmetic (JAX without x64), where the float64
     formula's terms (``S2`` ~ ``N B**2`` against an error ~ ``N r**2``) cancel beyond float32's 24 bits.
 
@@ -789,12 +815,14 @@ def _squared_error_by_levels32(counts, edges, scale, levels, norm, dense, xp, li
     Exact only where every count is an integer in ``[0, 2**31)`` and every window's moments stay
     below 2**31: one limb if ``N (L - 1)**2 <= 2**30`` (``N`` the total, ``L`` the longest inner window),
     two if ``L <= 46``; otherwise ``dense()`` (the bin-by-bin sum), chosen on the host (eager) or by
-    ``lax.switch`` (JAX, traced). ``limbs`` (tests): 0 (by bin), 1 or 2 regardless of the counts."""
+    ``lax.switch`` (JAX, traced). ``limbs`` (tests): 0 (by bin), 1 or 2 regardless of the counts.
+    ``width``/``choice``: :func:`_level_width` and :func:`_limb_choice` of every candidate, where the
+    candidates run in blocks (``scale`` one block)."""
     channels, bins = counts.shape
     dtype = counts.dtype
     device = _device(counts)
     a = edges[:, :1]
-    w = xp.maximum((edges[:, -1:] - edges[:, :1]) / bins, xp.max(scale, axis=-1, keepdims=True) * 2.0**-40)
+    w = _level_width(edges, scale, xp) if width is None else width
     r = scale / w
     off = a / w + 0.5
     m = xp.arange(levels, dtype=dtype, device=device)
@@ -817,17 +845,9 @@ def _squared_error_by_levels32(counts, edges, scale, levels, norm, dense, xp, li
     if levels == 1:
         return clamp(top, 0.0, None, xp) * unit
 
-    # The longest inner window: n_{m+1} - n_m <= ceil(r) + 1 for m >= 1 (ceil(t + r) <= ceil(t) + ceil(r), and an
-    # ulp of rounding in t), and n_1 for m = 0.
-    span = xp.maximum(xp.max(xp.ceil(r), axis=-1) + 1, xp.max(n[..., 1], axis=-1))  # (C,)
-    valid = (counts >= 0) & (counts < 2.0**31) & (xp.floor(counts) == counts)  # (False for NaN, inf)
-    total = xp.sum(counts, axis=-1)
-    exact = xp.all(valid)
-    one_limb = exact & xp.all(total * clamp(span - 1, 1.0, None, xp) ** 2 <= 2.0**30)
-    two_limbs = exact & xp.all(span <= _LIMB_SPAN)
-
     # Prefix sums (mod 2**32) of h j**p, p = 0, 1, 2, for both 16-bit limbs of the counts (C, B + 1, 6), made
     # before the branches: XLA would otherwise recompute the cumulative sums inside the gathers (2x slower).
+    valid = (counts >= 0) & (counts < 2.0**31) & (xp.floor(counts) == counts)  # (False for NaN, inf)
     h = xp.astype(xp.where(valid, counts, 0.0), xp.int32)
     j = xp.arange(bins, dtype=xp.int32, device=device)
     terms = [v * jp for jp in (1, j, j * j) for v in (h & 0xFFFF, h >> 16)]  # int32, mod 2**32
@@ -849,12 +869,27 @@ def _squared_error_by_levels32(counts, edges, scale, levels, norm, dense, xp, li
     branches = (dense, lambda: by_level(1), lambda: by_level(2))
     if limbs is not None:
         return branches[limbs]()
-    choice = xp.where(one_limb, 1, xp.where(two_limbs, 2, 0))
+    if choice is None:
+        choice = _limb_choice(counts, n[..., 1], r, xp)
     if is_traced(counts, edges, scale) and is_jax_namespace(xp):
         import jax
 
         return jax.lax.switch(choice, branches)
     return branches[int(choice)]()
+
+
+def _limb_choice(counts: Array, first_window: Array, r: Array, xp: Any) -> Array:
+    """Which sums :func:`_squared_error_by_levels32` can take exactly: 1 or 2 limbs, or 0 (by bin);
+    ``first_window`` (C, K) is ``n_1``, ``r`` (C, K) the candidates' steps in bins."""
+    # The longest inner window: n_{m+1} - n_m <= ceil(r) + 1 for m >= 1 (ceil(t + r) <= ceil(t) + ceil(r), and an
+    # ulp of rounding in t), and n_1 for m = 0.
+    span = xp.maximum(xp.max(xp.ceil(r), axis=-1) + 1, xp.max(first_window, axis=-1))  # (C,)
+    valid = (counts >= 0) & (counts < 2.0**31) & (xp.floor(counts) == counts)  # (False for NaN, inf)
+    total = xp.sum(counts, axis=-1)
+    exact = xp.all(valid)
+    one_limb = exact & xp.all(total * clamp(span - 1, 1.0, None, xp) ** 2 <= 2.0**30)
+    two_limbs = exact & xp.all(span <= _LIMB_SPAN)
+    return xp.where(one_limb, 1, xp.where(two_limbs, 2, 0))
 
 
 def error_norm(edges: Array, xp: Any) -> Array:
@@ -962,23 +997,36 @@ def _mse_search(hist, edges, *, spec, start_bin, stride, check, xp, thresholds: 
     norm = error_norm(h_edges, xp)
     levels = high - low + 1
 
-    def by_bin(blocks: bool = False) -> Array:
-        zero_point = xp.astype(qp.zero_point, h.dtype)
-        if blocks and is_jax_namespace(xp):  # the fallback of the float32 level sums: a lax.switch branch
-            return _jax_by_candidate_blocks(
-                lambda s, z: _squared_error(h.counts, centers, s, z, (low, high), norm, xp), scale, zero_point, bins, xp)
+    zero_point = xp.astype(qp.zero_point, h.dtype)
+
+    def by_bin(s: Array, z: Array, switch_branch: bool = False) -> Array:
+        if switch_branch and is_jax_namespace(xp):  # the fallback of the float32 level sums: a lax.switch branch
+            return _candidate_blocks(lambda s, z: _squared_error(h.counts, centers, s, z, (low, high), norm, xp),
+                                     s, z, s.shape[0] * bins, xp, _SWITCH_BRANCH_ELEMENTS)
         return _by_channel_chunks(
             lambda c, e, s, z, n: _squared_error(c, e, s, z, (low, high), n, xp),
-            cand_np.size * bins * 4, xp, h.counts, centers, scale, zero_point, norm,
+            s.shape[-1] * bins * 4, xp, h.counts, centers, s, z, norm,
         )
 
     noise = None  # by bin every term is computed directly: no cancellation to allow for
-    if h.dtype == xp.float64 and levels <= bins:
-        err, noise = _squared_error_by_levels(h.counts, h_edges, scale, levels, norm, xp)
-    elif levels <= bins:  # float32: exact window sums where the counts allow, else by bin
-        err = _squared_error_by_levels32(h.counts, h_edges, scale, levels, norm, lambda: by_bin(True), xp)
+    if levels <= bins:  # by level, in blocks of candidates where all at once would not fit
+        width = _level_width(h_edges, scale, xp)
+        per_candidate = levels * 6
+        if h.dtype == xp.float64:
+            sums = _candidate_blocks(
+                lambda s, z: xp.stack(_squared_error_by_levels(h.counts, h_edges, s, levels, norm, xp, width=width)),
+                scale, zero_point, per_candidate, xp, _LEVEL_SUM_ELEMENTS)
+            err, noise = sums[0, ...], sums[1, ...]
+        else:  # float32: exact window sums where the counts allow, else by bin (one choice for every block)
+            r = scale / width
+            first_window = clamp(xp.ceil(0.5 * r - (h_edges[:, :1] / width + 0.5)), 0.0, float(bins), xp)
+            choice = _limb_choice(h.counts, first_window, r, xp)
+            err = _candidate_blocks(
+                lambda s, z: _squared_error_by_levels32(h.counts, h_edges, s, levels, norm, lambda: by_bin(s, z, True),
+                                                        xp, width=width, choice=choice),
+                scale, zero_point, per_candidate, xp, _LEVEL_SUM_ELEMENTS)
     else:
-        err = by_bin()
+        err = by_bin(scale, zero_point)
     out_centers = bin_centers(h.out_edges, xp)
     threshold = _take_shared(xp.astype(out_centers, h.out_edges.dtype), cand, xp)
     return h, SearchCurve(cand, threshold, err), norm, noise

@@ -34,12 +34,12 @@ def run32(fn, limbs=None):
         taken.append(limbs_)
         return window_sums(prefix, top2, n, r, off, limbs_, xp)
 
-    def spy_levels(counts, edges, scale, levels, norm, dense, xp, limbs_=None):
+    def spy_levels(counts, edges, scale, levels, norm, dense, xp, limbs_=None, **blocks):
         def dense_spy():
             taken.append(0)
             return dense()
 
-        return by_levels(counts, edges, scale, levels, norm, dense_spy, xp, limbs)
+        return by_levels(counts, edges, scale, levels, norm, dense_spy, xp, limbs, **blocks)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cal, "work_dtype", lambda xp, device: xp.float32)
@@ -203,3 +203,64 @@ def test_level_sums32_under_jax_jit():
                 want = np.asarray(oc.mse_errors(counts, e.astype(np.float32), spec=spec).objective)
                 close(got, want)
                 good_pick(counts, e.astype(np.float32), float(pick(jnp.asarray(c32), jnp.asarray(e, jnp.float32))), spec)
+
+
+@pytest.mark.parametrize("backend", ["numpy float64", "numpy float32", "jax"])
+def test_level_sums_in_candidate_blocks_equal_one_call(backend, monkeypatch):
+    """Where one channel's level sums would hold more than ``_LEVEL_SUM_ELEMENTS`` elements the candidates
+    run in blocks (JAX: ``lax.map``; others: a loop), with the bin width and the float32 branch of all
+    candidates: every candidate's error is the one a single call gives, bit for bit. The bound is lowered
+    here so that 2048 bins of int8 need ~50 blocks (int16's 32768 levels need them for real: next test)."""
+    rng = np.random.default_rng(21)
+    counts = np.stack([histogram(rng, 2048, f)[0] for f in ("laplace", "outliers", "sparse")])
+    edges = np.stack([histogram(rng, 2048, f)[1] for f in ("laplace", "outliers", "sparse")]) * [[1.0], [3.0], [0.5]]
+    cases = [(counts, NARROW_INT8), (counts * 4096, SPECS["uint8"]), (counts + 0.25, NARROW_INT8)]  # 1, 2 limbs, by bin
+    if backend == "jax":
+        jax = pytest.importorskip("jax")
+        import jax.numpy as jnp
+
+        def curve(c, e, spec):
+            with jax.enable_x64(False):
+                c = c.astype(np.float32 if np.any(c % 1) else np.int32)
+                fn = jax.jit(lambda a, b: oc.mse_errors(a, b, spec=spec, xp=jnp).objective)
+                return np.asarray(fn(jnp.asarray(c), jnp.asarray(e, jnp.float32)))
+    elif backend == "numpy float32":
+        def curve(c, e, spec):
+            return np.asarray(run32(lambda: oc.mse_errors(c.astype(np.float32), e.astype(np.float32), spec=spec))[0].objective)
+    else:
+        monkeypatch.setattr(cal, "_mse_host", lambda *args: None)  # the array code (the host kernel does not block)
+
+        def curve(c, e, spec):
+            return np.asarray(oc.mse_errors(c, e, spec=spec).objective)
+
+    calls = []
+    blocks = cal._candidate_blocks
+
+    def counted(fn, scale, zero_point, per_candidate, xp, budget):
+        calls.append(budget)
+        return blocks(fn, scale, zero_point, per_candidate, xp, budget)
+
+    monkeypatch.setattr(cal, "_candidate_blocks", counted)
+    for c, spec in cases:
+        whole = curve(c, edges, spec)
+        monkeypatch.setattr(cal, "_LEVEL_SUM_ELEMENTS", 40 * 256 * 6)  # 40 candidates of 256 levels a block
+        blocked = curve(c, edges, spec)
+        monkeypatch.setattr(cal, "_LEVEL_SUM_ELEMENTS", 1 << 25)
+        assert blocked.shape == whole.shape == (3, 2048 - 128)
+        np.testing.assert_array_equal(blocked, whole)
+    assert 40 * 256 * 6 in calls
+
+
+def test_jax_int16_mse_runs_in_bounded_memory():
+    """JAX MSE/Mix observers of qint16 (32768 levels, 32768 bins, ~32k candidates) ran out of memory (38 GB
+    of level sums at once); in candidate blocks they run and equal NumPy's (its host kernel)."""
+    jax_observers = pytest.importorskip("observers_core.adapters.jax")
+    from observers_core.adapters import _array_calibration as generic
+
+    x = (np.random.default_rng(3).standard_normal((16, 8)) * 3).astype(np.float32)
+    kwargs = dict(dtype="qint16", bins=32768)
+    ours, numpy_obs = jax_observers.MSEObserver(**kwargs), generic.MSEObserver(**kwargs)
+    ours(x)
+    numpy_obs(x)
+    for a, b in zip(ours.state, numpy_obs.state):
+        np.testing.assert_array_equal(np.asarray(a), b)
