@@ -84,7 +84,10 @@ Array = Any
 class CalibrationSteps:
     """The Percentile/MSE/Mix observe step of every framework (the array observers here, the torch
     ones in ``adapters.torch``): ``batch_update`` of the batch through ``_compute_batch``, the averaged
-    range committed through ``_write_state`` and the Mix pick kept in ``last_choice``."""
+    range committed through ``_write_state`` and the Mix pick kept in ``last_choice``. The averaged range is
+    finite (``+inf``/``-inf`` before any value), so loaded ranges must be too."""
+
+    _FINITE_RANGE = True
 
     def _observe(self, state: MinMaxState, x: Array, axis: int | None, collective: Any) -> None:
         new, self.last_choice = self._compute_batch(state, x, axis, collective)

@@ -269,6 +269,8 @@ class UniformQuantizationObserverBase(StatefulObserver):
     _averaging_constant: float | None = None
     #: the min/max moving averages (torch's formula; its states can hold ``min_val > max_val``)
     _AVERAGING = False
+    #: loaded ranges must be finite (or +inf/-inf, nothing seen): the calibration observers' averages
+    _FINITE_RANGE = False
 
     # -- state ---------------------------------------------------------------------------------------
     def init_state(self, num_channels: int | None = None) -> MinMaxState:
@@ -389,7 +391,7 @@ class UniformQuantizationObserverBase(StatefulObserver):
         check_keys(state_dict, ("eps", "min_val", "max_val"), owner)
         eps_val, lo32, hi32 = check_minmax_entries(
             state_dict["eps"], state_dict["min_val"], state_dict["max_val"], per_channel=self._PER_CHANNEL, owner=owner,
-            disordered_ok=self._AVERAGING,
+            disordered_ok=self._AVERAGING, finite=self._FINITE_RANGE,
         )
         # Everything checked: commit.
         like = None if self._state is None else self._state.min_val

@@ -351,7 +351,7 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
         if all(key in state_dict for key in keys):
             check_minmax_entries(
                 *(state_dict[key] for key in keys), per_channel=self.min_val.ndim == 1, owner=type(self).__name__,
-                disordered_ok=self._AVERAGING,
+                disordered_ok=self._AVERAGING, finite=self._FINITE_RANGE,
             )
 
     def _repr_suffix(self) -> str:
@@ -373,6 +373,8 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
 
     #: whether ``averaging_constant`` (an attribute of the moving-average classes) makes the update average
     _AVERAGING = False
+    #: whether loaded ranges must be finite (or +inf/-inf, nothing seen): the calibration observers' averages
+    _FINITE_RANGE = False
 
     def _compute_update(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> MinMaxState:
         """One step of the min/max family (:func:`observers_core.families.minmax.step`). Per channel the

@@ -72,7 +72,8 @@ def check_keys(state_dict: Any, expected: tuple[str, ...], owner: str) -> None:
 
 
 def check_minmax_entries(
-    eps: Any, min_val: Any, max_val: Any, *, per_channel: bool, owner: str, disordered_ok: bool = False
+    eps: Any, min_val: Any, max_val: Any, *, per_channel: bool, owner: str, disordered_ok: bool = False,
+    finite: bool = False,
 ) -> tuple[float, np.ndarray, np.ndarray]:
     """The min/max observers' state-dict entries (arrays of any framework), checked and as
     ``(eps, min_val, max_val)`` (float, float32 numpy arrays): shapes ``(1,)`` for ``eps``, ``()`` per
@@ -80,6 +81,8 @@ def check_minmax_entries(
     float32 normal; each ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``), or
     ``disordered_ok``: torch's moving average ``x + c (t - x)`` reaches ``min_val > max_val`` itself
     (overflow, cancellation), so the moving-average observers load such states as they save them.
+    ``finite``: each entry finite or never updated, as the calibration observers' averaged range always
+    is (a one-sided infinity or NaN would make every later average NaN).
     Per tensor a one-element ``(1,)`` entry is its 0-d value, as ``nn.Module``'s loader takes it.
     Shared by every adapter's ``load_state_dict``, so all accept and refuse the same."""
     eps = check_entry(eps, "eps", (1,))
@@ -100,5 +103,12 @@ def check_minmax_entries(
         raise ValueError(
             f"state_dict has min_val > max_val at {np.argwhere(bad).ravel().tolist() or '()'}: "
             f"{lo32[bad].tolist()} > {hi32[bad].tolist()}"
+        )
+    unbounded = ~(np.isfinite(lo32) & np.isfinite(hi32)) & ~never
+    if finite and np.any(unbounded):
+        raise ValueError(
+            f"state_dict has a min_val/max_val that is not finite at {np.argwhere(unbounded).ravel().tolist() or '()'}: "
+            f"{lo32[unbounded].tolist()}, {hi32[unbounded].tolist()}; {owner}'s averaged range is finite (or +inf/-inf "
+            "before any value)"
         )
     return eps_val, lo32, hi32

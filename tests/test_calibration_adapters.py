@@ -752,6 +752,30 @@ def test_torch_state_dict_round_trips(cls_name, ch_axis):
             assert_same(a, b, "loaded observer continues identically")
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_loaded_ranges_must_be_finite_or_unseen(backend):
+    """The averaged range is finite (``+inf``/``-inf`` before any value); a state dict with a one-sided
+    infinity or NaN is refused with the state untouched (it loaded, and every later average was NaN)."""
+    be = make_backend(backend)
+    kwargs = dict(bins=256, ch_axis=1, qscheme="per_channel_symmetric")
+    obs = make(be, "MSEObserver", **kwargs)
+    observe(obs, batches_of(14, n=1), be.asarray)
+    before = [s.copy() for s in stats(obs)]
+    good = obs.state_dict()
+    for lo, hi in ((-1.0, np.inf), (-np.inf, 1.0), (np.nan, 1.0), (-1.0, np.nan)):
+        bad = dict(good, min_val=be.asarray(np.array([-2, lo, -2, -2, -2, -2], np.float32)),
+                   max_val=be.asarray(np.array([2, hi, 2, 2, 2, 2], np.float32)))
+        with pytest.raises(ValueError, match="not finite at \\[1\\]"):
+            obs.load_state_dict(bad)
+        for u, v in zip(stats(obs), before):
+            assert_same(u, v, "after a refused load")
+    unseen = dict(good, min_val=be.asarray(np.array([-2, np.inf, -2, -2, -2, -2], np.float32)),
+                  max_val=be.asarray(np.array([2, -np.inf, 2, 2, 2, 2], np.float32)))
+    obs.load_state_dict(unseen)  # a channel that has seen nothing
+    observe(obs, batches_of(15, n=1), be.asarray)
+    assert np.all(np.isfinite(stats(obs)[0])) and np.all(np.isfinite(stats(obs)[1]))
+
+
 @pytest.mark.parametrize("cls_name", CLASSES)
 @pytest.mark.parametrize("backend", ["numpy", "array_api_strict", "jax", "cupy"])
 def test_array_state_dict_round_trips_and_loads_torch(backend, cls_name):
