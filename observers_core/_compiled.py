@@ -338,7 +338,7 @@ def end_steps_kernel(cs, total, betas, last_b, out):  # pragma: no cover (compil
 
 @kernel()
 def cascade_kernel(x, m):  # pragma: no cover (compiled)
-    """:func:`_cascade_last` of ``x[:m]`` (``x`` is overwritten): sums of 16, of 16 of those, ... (3
+    """:func:`~observers_core._histogram._cascade_last` of ``x[:m]`` (``x`` is overwritten): sums of 16, of 16 of those, ... (3
     levels), then ``((l0 + l1) + l2) + l3`` over the levels' leftovers."""
     zero = np.float32(0.0)
     left = np.zeros(4, np.float32)
@@ -363,7 +363,7 @@ def cascade_kernel(x, m):  # pragma: no cover (compiled)
 
 @kernel()
 def sum32_kernel(v, scratch):  # pragma: no cover (compiled)
-    """:func:`_sum32` of a 1-D float32 array (torch's ``cascade_sum`` order); ``scratch`` holds at least
+    """:func:`~observers_core._histogram.sum32` of a 1-D float32 array (torch's ``cascade_sum`` order); ``scratch`` holds at least
     ``v.shape[0] // 32 + 1`` float32."""
     n = v.shape[0]
     lanes = 8 if n >= 8 else 1
@@ -414,7 +414,7 @@ def clip_kernel(x, top):  # pragma: no cover (compiled)
 @kernel()
 def errors_kernel(hist, starts, ends, bin_width, dst_nbins, top, stop, out):  # pragma: no cover (compiled)
     """:func:`_errors` for host arrays: the same float32 operations in the same order, each row summed
-    in :func:`_sum32`'s order, into ``out`` (float32). ``bin_width``, ``dst_nbins`` and ``top =
+    in :func:`~observers_core._histogram.sum32`'s order, into ``out`` (float32). ``bin_width``, ``dst_nbins`` and ``top =
     dst_nbins - 1`` are Python floats. Returns the index of the first error above the previous one
     (``len(starts)`` if none); with ``stop``, the candidates after it are not evaluated (``out`` keeps
     what it held there)."""

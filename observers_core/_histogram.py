@@ -353,6 +353,62 @@ def _rebin(hist: Array, old_min: Array, old_max: Array, new_min: Array, new_max:
     return bincount_weighted(idx, parts, bins, xp)
 
 
+# ----------------------------------------------------------------------------------------------
+# float32 sums in torch's CPU order (the histogram's total, here and in the L2 search)
+
+
+def _seqsum_last(x: Array, xp: Any) -> Array:
+    """``((x[..., 0] + x[..., 1]) + ...)`` in x's float arithmetic, one add at a time (0 when empty)."""
+    acc = xp.zeros(x.shape[:-1], dtype=x.dtype, device=_device(x))
+    for j in range(x.shape[-1]):
+        acc = acc + x[..., j]
+    return acc
+
+
+def _cascade_last(x: Array, xp: Any) -> Array:
+    """torch's ``multi_row_sum`` along the last axis: sequential sums of 16, of 16 of those, and so on
+    (4 levels; the levels' leftovers are added last: ``((l0 + l1) + l2) + l3``)."""
+    lead = x.shape[:-1]
+    leftovers, level = [], x
+    for _ in range(3):
+        groups = level.shape[-1] // 16
+        leftovers.append(_seqsum_last(level[..., 16 * groups:], xp))
+        level = _seqsum_last(xp.reshape(level[..., : 16 * groups], lead + (groups, 16)), xp) if groups else \
+            xp.zeros(lead + (0,), dtype=x.dtype, device=_device(x))
+    leftovers.append(_seqsum_last(level, xp))
+    out = leftovers[0]
+    for part in leftovers[1:]:
+        out = out + part
+    return out
+
+
+def sum32(v: Array, xp: Any) -> Array:
+    """Float32 sum over the last axis, added up in the order of torch's CPU ``sum`` (``cascade_sum``:
+    8-lane vectors in 4 interleaved accumulators, each a 16-ary cascade; then the tail, then the lanes).
+    torch's own sum on torch tensors. Exact for rows of up to 32768 elements (longer ones torch splits
+    over threads)."""
+    if is_torch_namespace(xp):
+        return xp.sum(v, axis=-1)
+    n, lead = v.shape[-1], v.shape[:-1]
+    lanes = 8 if n >= 8 else 1  # torch sums rows shorter than one vector with scalars
+    nvec = n // lanes
+    ilp = nvec // 4
+    blocks = xp.reshape(v[..., : 4 * lanes * ilp], lead + (ilp, 4 * lanes))
+    part = xp.reshape(_cascade_last(xp.permute_dims(blocks, tuple(range(len(lead))) + (len(lead) + 1, len(lead))), xp),
+                      lead + (4, lanes))  # fmt: skip
+    acc = part[..., 0, :]
+    for t in range(4 * ilp, nvec):
+        acc = acc + v[..., t * lanes:(t + 1) * lanes]
+    for k in range(1, 4):
+        acc = acc + part[..., k, :]
+    if lanes == 1:
+        return acc[..., 0]
+    out = _seqsum_last(v[..., nvec * lanes:], xp)
+    for lane in range(lanes):
+        out = out + acc[..., lane]
+    return out
+
+
 def _numpy_namespace() -> Any:
     import array_api_compat.numpy  # the namespace array_namespace gives NumPy arrays
 
@@ -360,13 +416,13 @@ def _numpy_namespace() -> Any:
 
 
 def _point_mass(hist: Array, c: Array, new_min: Array, new_max: Array, xp: Any) -> Array:
-    """``sum(hist)`` in the bin of the single value ``c`` on ``[new_min, new_max]`` (``torch.histc(c) *
-    sum``; ``new_min < new_max`` finite, ``c`` between them), zeros elsewhere (also for a NaN range)."""
+    """``sum(hist)`` (torch's order, :func:`sum32`) in the bin of the single value ``c`` on ``[new_min, new_max]``
+    (``torch.histc(c) * sum``; ``new_min < new_max`` finite, ``c`` between them), zeros elsewhere (also for a NaN range)."""
     bins = hist.shape[0]
     position = _positions(c, _bin_scale(new_min, new_max, bins, xp), xp)  # in [0, bins]
     index = xp.clip(xp.floor(position), 0.0, float(bins - 1))  # c = new_max (position bins): the last bin
     onehot = xp.arange(bins, dtype=hist.dtype, device=_device(hist)) == index
-    return xp.where(onehot, xp.sum(hist), xp.zeros_like(hist))
+    return xp.where(onehot, sum32(hist, xp), xp.zeros_like(hist))
 
 
 def _to_range(state: HistogramState, new_min: Array, new_max: Array, up: int, xp: Any) -> Array:

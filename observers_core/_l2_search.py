@@ -29,6 +29,7 @@ from ._histogram import (
     HistogramState,
     check_bins,
     check_state,
+    sum32,
     true_divide,
 )
 from ._namespace import (
@@ -41,7 +42,6 @@ from ._namespace import (
     index_dtype,
     is_jax_namespace,
     is_numpy_namespace,
-    is_torch_namespace,
     is_traced,
     namespace_of,
     read_flags,
@@ -68,58 +68,6 @@ def _floor_div(a: Array, b: Array, xp: Any) -> Array:
         above = xp.astype(q, xp.float64) * xp.astype(b, xp.float64) > xp.astype(a, xp.float64)
     q = q - xp.astype(above, q.dtype)
     return xp.where(xp.isinf(a), scalar_like(float("nan"), q, xp), q)
-
-
-def _seqsum_last(x: Array, xp: Any) -> Array:
-    """``((x[..., 0] + x[..., 1]) + ...)`` in x's float arithmetic, one add at a time (0 when empty)."""
-    acc = xp.zeros(x.shape[:-1], dtype=x.dtype, device=device_of(x))
-    for j in range(x.shape[-1]):
-        acc = acc + x[..., j]
-    return acc
-
-
-def _cascade_last(x: Array, xp: Any) -> Array:
-    """torch's ``multi_row_sum`` along the last axis: sequential sums of 16, of 16 of those, and so on
-    (4 levels; the levels' leftovers are added last: ``((l0 + l1) + l2) + l3``)."""
-    lead = x.shape[:-1]
-    leftovers, level = [], x
-    for _ in range(3):
-        groups = level.shape[-1] // 16
-        leftovers.append(_seqsum_last(level[..., 16 * groups:], xp))
-        level = _seqsum_last(xp.reshape(level[..., : 16 * groups], lead + (groups, 16)), xp) if groups else \
-            xp.zeros(lead + (0,), dtype=x.dtype, device=device_of(x))
-    leftovers.append(_seqsum_last(level, xp))
-    out = leftovers[0]
-    for part in leftovers[1:]:
-        out = out + part
-    return out
-
-
-def _sum32(v: Array, xp: Any) -> Array:
-    """Float32 sum over the last axis, added up in the order of torch's CPU ``sum`` (``cascade_sum``:
-    8-lane vectors in 4 interleaved accumulators, each a 16-ary cascade; then the tail, then the lanes).
-    torch's own sum on torch tensors. Exact for rows of up to 32768 elements (longer ones torch splits
-    over threads)."""
-    if is_torch_namespace(xp):
-        return xp.sum(v, axis=-1)
-    n, lead = v.shape[-1], v.shape[:-1]
-    lanes = 8 if n >= 8 else 1  # torch sums rows shorter than one vector with scalars
-    nvec = n // lanes
-    ilp = nvec // 4
-    blocks = xp.reshape(v[..., : 4 * lanes * ilp], lead + (ilp, 4 * lanes))
-    part = xp.reshape(_cascade_last(xp.permute_dims(blocks, tuple(range(len(lead))) + (len(lead) + 1, len(lead))), xp),
-                      lead + (4, lanes))  # fmt: skip
-    acc = part[..., 0, :]
-    for t in range(4 * ilp, nvec):
-        acc = acc + v[..., t * lanes:(t + 1) * lanes]
-    for k in range(1, 4):
-        acc = acc + part[..., k, :]
-    if lanes == 1:
-        return acc[..., 0]
-    out = _seqsum_last(v[..., nvec * lanes:], xp)
-    for lane in range(lanes):
-        out = out + acc[..., lane]
-    return out
 
 
 def _cumsum32(v: Array, xp: Any) -> Array:
@@ -305,7 +253,7 @@ def _errors(hist: Array, starts: Array, ends: Array, bin_width: Array, dst_nbins
     norm = norm + rounded(((q - p) - 1) * (density * true_divide(half3 - neg_half3, 3.0, xp)), xp)
     de = end - (rounded(q * dst, xp) + half)
     norm = norm + rounded(density * true_divide(rounded(de * de * de, xp) - neg_half3, 3.0, xp), xp)
-    total = _sum32(norm, xp)
+    total = sum32(norm, xp)
     return xp.where(is_zero, xp.zeros_like(total), total)
 
 
@@ -418,7 +366,7 @@ def _search_bins(hist: Array, min_val: Array, max_val: Array, dst_nbins: int, xp
     with float64_scope(xp):
         bin_width = true_divide(xp.astype(max_val, xp.float64) - xp.astype(min_val, xp.float64), float(n), xp)
     cs = _cumsum32(hist, xp)
-    total = _sum32(hist, xp)
+    total = sum32(hist, xp)
     starts, ends, count = _candidates(cs, total, n, xp)
     rows = _block_rows(n)
     dev = device_of(hist)

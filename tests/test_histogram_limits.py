@@ -151,3 +151,40 @@ def test_float64_values_beyond_float32_are_inf_and_dropped_as_torch_drops_inf():
             theirs(wide)
             with pytest.raises(RuntimeError, match="not finite"):
                 theirs(nxt)
+
+
+@pytest.mark.parametrize("bins", [8, 2048])
+def test_single_value_histogram_beyond_two_to_the_24_moves_as_torchs(bins):
+    """A histogram of one value (``min_val == max_val``) moved onto a wider range is all in one bin, its
+    total summed in torch's order (``torch.sum``, a float32 cascade): past 2**24 the order decides the last
+    bits (NumPy's pairwise sum was 1 ulp off). numpy, the torch adapter (compiled and array paths) and
+    JAX equal torch.ao."""
+    jnp = pytest.importorskip("jax.numpy")
+    from observers_core.adapters import _array_histogram
+    from observers_core.adapters import jax as jax_observers
+
+    counts = np.random.default_rng(bins).integers(2_000_000, 16_000_000, bins).astype(np.float32)
+    def state():  # fresh tensors each time: torch.ao's load keeps the loaded tensors as its buffers
+        return {"histogram": torch.from_numpy(counts.copy()), "min_val": torch.tensor(1.0), "max_val": torch.tensor(1.0)}
+
+    reference = TorchHistogramObserver(bins=bins)
+    loaded = {k: v.numpy().copy() for k, v in (reference.state_dict() | state()).items()}
+    reference.load_state_dict(reference.state_dict() | state())
+    reference(torch.tensor([0.0]))
+    want = reference.histogram.numpy()
+    assert want.sum() > 2**24 and np.count_nonzero(want) == 2
+    saved = _compiled.ENABLED
+    try:
+        for compiled in (True, False) if _compiled.AVAILABLE else (False,):
+            _compiled.ENABLED = compiled
+            ours = HistogramObserver(bins=bins)
+            ours.load_state_dict(ours.state_dict() | state())
+            ours(torch.tensor([0.0]))
+            np.testing.assert_array_equal(ours.histogram.numpy(), want)
+    finally:
+        _compiled.ENABLED = saved
+    for obs, x in ((_array_histogram.HistogramObserver(bins=bins), np.zeros(1, np.float32)),
+                   (jax_observers.HistogramObserver(bins=bins), jnp.zeros(1))):
+        obs.load_state_dict(loaded)
+        obs(x)
+        np.testing.assert_array_equal(np.asarray(obs.state.histogram), want)

@@ -74,7 +74,7 @@ def _cases():
 def _pairs(rng, hist):
     """(starts, ends): the walk's first candidates, random pairs, the full range and single bins."""
     n = hist.shape[0]
-    starts, ends, count = S._candidates(S._cumsum32(hist, xnp), S._sum32(hist, xnp), n, xnp)
+    starts, ends, count = S._candidates(S._cumsum32(hist, xnp), S.sum32(hist, xnp), n, xnp)
     k = int(rng.integers(1, 24))
     s = rng.integers(0, n, k)
     e = np.minimum(n - 1, s + rng.integers(0, n, k))
@@ -120,7 +120,7 @@ def test_sum32_kernel_is_torch_sum():
         for v in (rng.random(n).astype(F32), (rng.standard_cauchy(n) * 1e30).astype(F32),
                   rng.integers(0, 2**20, n).astype(F32) * F32(1e-3), np.full(n, 1e-45, F32)):  # fmt: skip
             got = _compiled.sum32_kernel(v, np.empty(n // 32 + 1, F32))
-            _assert_same_bits(got, S._sum32(v, xnp), n)
+            _assert_same_bits(got, S.sum32(v, xnp), n)
             _assert_same_bits(got, torch.from_numpy(v).sum().numpy(), n)
 
 
@@ -137,7 +137,7 @@ def test_cumsum32_kernel_matches_the_array_code(xp, monkeypatch):
 @pytest.mark.parametrize("xp", HOSTS)
 def test_end_steps_kernel_matches_the_array_code(xp, monkeypatch):
     rng = np.random.default_rng(6)
-    cases = [(h, S._sum32(h, xnp)) for h, _, _ in _cases()]
+    cases = [(h, S.sum32(h, xnp)) for h, _, _ in _cases()]
     cases += [(h, F32(t)) for h, _, _ in _cases()[:30] for t in (0.0, np.inf, np.nan, 1e-45, 3e38, -1.0)]
     for hist, total in cases:
         cs = S._cumsum32(hist, xnp)
@@ -156,7 +156,7 @@ def test_first_candidates_are_a_prefix_of_all(enabled, monkeypatch):
     monkeypatch.setattr(_compiled, "ENABLED", enabled)
     for hist, _, _ in _cases():
         n = hist.shape[0]
-        cs, total = S._cumsum32(hist, xnp), S._sum32(hist, xnp)
+        cs, total = S._cumsum32(hist, xnp), S.sum32(hist, xnp)
         starts, ends, count = S._candidates(cs, total, n, xnp)
         for m in sorted({1, 2, 5, 31, 32, 33, n // 2, n} & set(range(1, n + 1))):
             s, e, c = S._candidates(cs, total, n, xnp, limit=m)
@@ -168,7 +168,7 @@ def test_long_walks_go_past_the_first_candidates():
     """The long-walk cases of the search tests do reach the compiled search's second round."""
     for hist, lo, hi, dst_nbins in _long_walks():
         n = hist.shape[0]
-        starts, ends, count = S._candidates(S._cumsum32(hist, xnp), S._sum32(hist, xnp), n, xnp)
+        starts, ends, count = S._candidates(S._cumsum32(hist, xnp), S.sum32(hist, xnp), n, xnp)
         width = (np.float64(hi) - np.float64(lo)) / n
         _, rise = S._errors_compiled(hist, starts[: int(count)], ends[: int(count)], width, dst_nbins)
         assert rise > S._FIRST_CANDIDATES, (n, dst_nbins, rise)
