@@ -246,6 +246,20 @@ def test_qparams_of_nan_and_infinite_ranges_are_silent_and_torchs(backend, qsche
         np.testing.assert_array_equal(zp_got, zp_ref)
 
 
+def test_zero_point_of_a_nan_range_is_the_platforms_as_the_readme_says():
+    """README "Exactness notes": a NaN range's zero point is the platform's NaN-to-integer conversion,
+    clamped: qint8 affine 127 on NumPy and torch (torch.ao's), -128 on JAX; quint8 0 everywhere."""
+    jnp = pytest.importorskip("jax.numpy")
+    nan, one = np.float32(np.nan), np.float32(1.0)
+    for dtype, want in (("qint8", {"numpy": 127, "torch": 127, "jax": -128}), ("quint8", dict.fromkeys(("numpy", "torch", "jax"), 0))):
+        spec = oc.quant_spec(dtype, "per_tensor_affine")
+        theirs = tao.MinMaxObserver(dtype=getattr(torch, dtype))._calculate_qparams(torch.tensor(nan), torch.tensor(one))
+        assert int(theirs[1]) == want["torch"]
+        for name, asarray in (("numpy", np.asarray), ("torch", torch.tensor), ("jax", jnp.asarray)):
+            scale, zero_point = oc.calculate_qparams(asarray(nan), asarray(one), spec)
+            assert np.isnan(to_numpy(scale)).all() and to_numpy(zero_point).tolist() == [want[name]], (dtype, name)
+
+
 FLOAT32_EPS = float(np.finfo(np.float32).eps)
 # (dtype of the range, quantized dtype, custom range, eps): each case one of the probe's (found against torch.ao)
 PRECISION_CASES = [
