@@ -107,10 +107,10 @@ class KLSteps(CalibrationSteps):
         return acc
 
     def calculate_qparams(self) -> Any:
-        """``calculate_qparams(x_min, x_max)`` of the averaged KL range. Before the first KL update (fewer
-        than ``update_interval`` batches and no range loaded): a warning that says so and the defaults
-        ``scale=[1.], zero_point=[0]``."""
-        if self.num_steps < self.config.update_interval and self._nothing_seen():
+        """``calculate_qparams(x_min, x_max)`` of the averaged KL range. Before the first KL update (since
+        construction or ``reset_min_max_vals``, and no range loaded): a warning that says so and the
+        defaults ``scale=[1.], zero_point=[0]``."""
+        if not getattr(self, "_kl_ran", False) and self._nothing_seen():
             with warnings.catch_warnings():  # one warning, ours, instead of the base's generic one
                 warnings.simplefilter("ignore")
                 default = super().calculate_qparams()
@@ -135,6 +135,7 @@ class KLSteps(CalibrationSteps):
         self.num_steps += 1
         if new is not None:
             self._write_state(new)
+            self._kl_ran = True
 
 
 # ---------------------------------------------------------------------------------------- classes
@@ -400,6 +401,7 @@ class KLObserver(KLSteps, _CalibrationObserver):
         super().reset_min_max_vals()
         self._acc = None
         self.num_steps = 0
+        self._kl_ran = False
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """The base's load; a per-channel range of another channel count than the accumulated histogram's

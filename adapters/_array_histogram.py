@@ -132,7 +132,8 @@ class HistogramObserver(UniformQuantizationObserverBase):
         shapes = tuple(tuple(a.shape) for a in state)
         if shapes != ((self._bins,), (), ()):
             raise ValueError(f"state must hold shapes ({self._bins},), (), () for bins={self._bins}, got {shapes}")
-        return state
+        f32 = self._xp.float32  # the statistics are float32 (a float64 state crashed the compiled update)
+        return HistogramState(*(a if a.dtype == f32 else self._xp.astype(a, f32) for a in state))
 
     @property
     def state(self) -> HistogramState:

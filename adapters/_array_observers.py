@@ -197,7 +197,8 @@ class StatefulObserver(ObserveLoop, ObserverBase):
             except TypeError:
                 same = False
             if not same or not self._xp.isdtype(value.dtype, kinds):
-                raise TypeError(f"{name}.{field} must be a {kinds} array of {self._xp.__name__}, got "
+                allowed = kinds if isinstance(kinds, str) else " or ".join(kinds)
+                raise TypeError(f"{name}.{field} must be a {allowed} array of {self._xp.__name__}, got "
                                 f"{type(value).__module__}.{type(value).__name__} {getattr(value, 'dtype', '')}")
         return state
 

@@ -230,6 +230,7 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
         super().reset_min_max_vals()
         self._empty_buffers(_ACC_BUFFERS)
         self.num_steps = 0
+        self._kl_ran = False
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):

@@ -185,7 +185,9 @@ class RangeBuffers:
 
     def _fit_to_loaded(self, state_dict, prefix: str) -> None:
         """Before a per-channel load: the range buffers resized to the saved ``(C,)`` entries (the
-        buffers are empty before the first batch, and C may differ)."""
+        buffers are empty before the first batch, and C may differ); entries of another framework
+        (NumPy, JAX, CuPy) are made tensors first."""
+        TORCH.entries(state_dict, prefix, self._RANGE)
         for name in self._RANGE:
             value = state_dict.get(prefix + name)
             if isinstance(value, torch.Tensor) and value.dim() == 1 and self._buffers[name].shape != value.shape:

@@ -454,6 +454,39 @@ def test_kl_pending_warning_only_before_the_first_kl_update(backend):
     assert np.allclose(to_numpy(scale), 3.0 / 127.5)
 
 
+def test_torch_kl_pending_warning_after_lowering_update_interval():
+    """A batch with update_interval=3, then update_interval=1: no KL update has run yet, and the warning
+    says so (it compared the batch count with the new interval and gave the base's generic warning)."""
+    kl = tobs.KLObserver(bins=256, update_interval=3)
+    kl(torch.from_numpy(batches_of(16, n=1)[0]))
+    kl.update_interval = 1
+    with pytest.warns(UserWarning, match="not run a KL update yet"):
+        kl.calculate_qparams()
+    kl(torch.from_numpy(batches_of(17, n=1)[0]))  # the next batch runs it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kl.calculate_qparams()
+    kl.reset_min_max_vals()
+    with pytest.warns(UserWarning, match="not run a KL update yet"):
+        kl.calculate_qparams()
+
+
+@pytest.mark.parametrize("cls_name", CLASSES)
+@pytest.mark.parametrize("backend", ["numpy", "jax"])
+def test_per_channel_array_state_dicts_load_into_fresh_torch_observers(backend, cls_name):
+    """A per-channel state dict of the NumPy or JAX observers loads into a torch observer that has seen
+    nothing (its buffers are empty until then): "size mismatch" before, as the buffers were fitted to the
+    saved channel count only for tensor entries."""
+    be = make_backend(backend)
+    kwargs = dict(bins=256, averaging_constant=0.5, ch_axis=1, qscheme="per_channel_symmetric")
+    obs = make(be, cls_name, **kwargs)
+    observe(obs, batches_of(18, n=2), be.asarray)
+    fresh = getattr(tobs, cls_name)(**kwargs)
+    fresh.load_state_dict(obs.state_dict())
+    for u, v in zip(stats(fresh), stats(obs)):
+        assert_same(u, v, "loaded into torch")
+
+
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 @pytest.mark.parametrize("cls_name, extra", [(c, {}) for c in CLASSES] + [("KLObserver", {"update_interval": 3})])
 def test_another_channel_count_is_refused_and_changes_nothing(backend, cls_name, extra):

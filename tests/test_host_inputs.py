@@ -175,3 +175,22 @@ def test_pure_steps_check_the_state_they_are_given(name, framework):
                     kind(*(other(np.asarray(a)) for a in good[label]))):
             with pytest.raises(TypeError, match=rf"{re.escape(label.strip())}\.\w+ must be a real floating array"):
                 step(bad)
+
+
+def test_histogram_takes_a_float64_state_as_its_float32_values():
+    """The histogram statistics are float32: a float64 state given to the setter or to ``update`` is taken
+    as its float32 values (it crashed the compiled NumPy update with a numba TypingError; JAX without x64
+    has no float64 arrays to give)."""
+    obs = _numpy_class("HistogramObserver")(bins=64)
+    state = obs.update(obs.init_state(), _batch(0))
+    as64 = type(state)(*(np.asarray(a).astype(np.float64) for a in state))
+    wider = _batch(1) * 4
+    want = obs.update(state, wider)
+    got = obs.update(as64, wider)
+    for a, b in zip(got, want):
+        assert a.dtype == np.float32
+        np.testing.assert_array_equal(a, b)
+    obs.state = as64
+    obs(wider)
+    for a, b in zip(obs.state, want):
+        np.testing.assert_array_equal(a, b)
