@@ -57,8 +57,7 @@ from typing import Any
 from observers_core._calibration import CalibHistogram
 from observers_core._dtypes import QScheme
 from observers_core._minmax import MinMaxState
-from observers_core._namespace import array_namespace, size
-from observers_core._validate import INF
+from observers_core._namespace import size
 from observers_core.families.calibration import (
     KLAccumulator,
     batch_update,
@@ -120,12 +119,9 @@ class KLSteps(CalibrationSteps):
         return super().calculate_qparams()
 
     def _nothing_seen(self) -> bool:
-        """Whether the averaged range is empty or ``+inf``/``-inf`` everywhere."""
-        state = self._read_state()
-        if state is None:
-            return True
-        xp = array_namespace(state.min_val)
-        return bool(xp.all((state.min_val == INF) & (state.max_val == -INF)))
+        """Whether no averaged range is held (the array observers write one at each KL update or load, and
+        never read their state on the host here; the torch ones read their buffers)."""
+        return self._read_state() is None
 
     def _observe(self, state: MinMaxState, x: Array, axis: int | None, collective: Any) -> None:
         acc = self._fitting_accumulator(self._read_accumulator(), x, axis)

@@ -183,7 +183,8 @@ class StatefulObserver(ObserveLoop, ObserverBase):
         """Forget everything seen (per channel, the channel count too)."""
         self._state = None
 
-    def _state_tuple(self, state: Any, kind: type, name: str = "state", kinds: str = "real floating") -> Any:
+    def _state_tuple(self, state: Any, kind: type, name: str = "state",
+                     kinds: str | tuple[str, ...] = "real floating") -> Any:
         """``state`` as the NamedTuple ``kind`` (``TypeError`` naming ``name`` unless it is a tuple of as many
         arrays of this observer's namespace, each of a dtype of ``kinds``). The pure steps return such
         states: an integer state would truncate every later update, a NumPy array in a JAX observer would

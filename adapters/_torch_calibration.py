@@ -225,6 +225,11 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
         return TORCH.run(_kl_step, state, acc, x, axis=axis, config=self.config, update=kl_due, xp=TORCH.xp,
                          collective=collective)
 
+    def _nothing_seen(self) -> bool:
+        """Whether the buffers are empty or ``+inf``/``-inf`` everywhere (per tensor they start so)."""
+        min_val, max_val = self.min_val, self.max_val
+        return min_val.numel() == 0 or bool(((min_val == INF) & (max_val == -INF)).all())
+
     def reset_min_max_vals(self):
         """Forget everything seen: the averaged range, the histogram and the batch count."""
         super().reset_min_max_vals()

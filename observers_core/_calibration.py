@@ -642,6 +642,19 @@ def _level_width(edges: Array, scale: Array, xp: Any) -> Array:
     return xp.maximum((edges[:, -1:] - edges[:, :1]) / bins, xp.max(scale, axis=-1, keepdims=True) * 2.0**-40)
 
 
+def _level_grid(edges: Array, scale: Array, width: Array | None, xp: Any) -> tuple[Array, Array, Array]:
+    """``(w, r, o)`` of the level sums, in bin units: the bin width ``w`` (:func:`_level_width`, or ``width``
+    computed once for every candidate), the candidates' steps ``r = s / w`` and ``o = a / w + 1/2``
+    (``a = edges[0]``)."""
+    w = _level_width(edges, scale, xp) if width is None else width
+    return w, scale / w, edges[:, :1] / w + 0.5
+
+
+def _level_first_bin(m: Any, r: Array, off: Array, bins: int, xp: Any) -> Array:
+    """``n_m = clip(ceil((m - 1/2) r - o), 0, B)``: the first bin of level ``m`` (as a float)."""
+    return clamp(xp.ceil((m - 0.5) * r - off), 0.0, float(bins), xp)
+
+
 def _squared_error_by_levels(counts, edges, scale, levels, norm, xp, width=None) -> tuple[Array, Array]:
     """The sum of :func:`_squared_error` for uniform bins of non-negative data, summed by quantization
     level instead of by bin (O(levels) per candidate), and a bound on its rounding error.
@@ -663,16 +676,12 @@ def _squared_error_by_levels(counts, edges, scale, levels, norm, xp, width=None)
     p1 = _cumsum0(counts * j, xp)
     s0, s1 = p0[:, -1:], p1[:, -1:]
     s2 = xp.sum(counts * j * j, axis=-1, keepdims=True)
-    a = edges[:, :1]
-    w = _level_width(edges, scale, xp) if width is None else width
-    r = scale / w
-    off = a / w + 0.5
+    w, r, off = _level_grid(edges, scale, width, xp)
 
     def boundary_sums(p0_c, p1_c, r_c, off_c):
         m = xp.arange(1, levels, dtype=dtype, device=device)
         weights = xp.stack([xp.ones_like(m), 2 * m - 1], axis=-1)  # (M - 1, 2)
-        t = (m - 0.5) * r_c[..., None] - off_c[..., None]
-        n = xp.astype(clamp(xp.ceil(t), 0.0, float(bins), xp), index_dtype(xp))
+        n = xp.astype(_level_first_bin(m, r_c[..., None], off_c[..., None], bins, xp), index_dtype(xp))
         g0 = _take_each(p0_c, xp.reshape(n, (n.shape[0], -1)), xp)
         g1 = _take_each(p1_c, xp.reshape(n, (n.shape[0], -1)), xp)
         y = xp.matmul(xp.reshape(g0, tuple(n.shape)), weights)  # (C, K, 2): Y0, Y1
@@ -821,12 +830,9 @@ def _squared_error_by_levels32(counts, edges, scale, levels, norm, dense, xp, li
     channels, bins = counts.shape
     dtype = counts.dtype
     device = _device(counts)
-    a = edges[:, :1]
-    w = _level_width(edges, scale, xp) if width is None else width
-    r = scale / w
-    off = a / w + 0.5
+    w, r, off = _level_grid(edges, scale, width, xp)
     m = xp.arange(levels, dtype=dtype, device=device)
-    n = clamp(xp.ceil((m - 0.5) * r[..., None] - off[..., None]), 0.0, float(bins), xp)
+    n = _level_first_bin(m, r[..., None], off[..., None], bins, xp)
     n = xp.where(m == 0, 0.0, n)  # (C, K, M): n_0 = 0, the levels' first bins
 
     # The top level (every bin from n_{M-1} on), from suffix moments T_p(x) = sum_{j >= x} h_j (j - x)**p:
@@ -1018,9 +1024,8 @@ def _mse_search(hist, edges, *, spec, start_bin, stride, check, xp, thresholds: 
                 scale, zero_point, per_candidate, xp, _LEVEL_SUM_ELEMENTS)
             err, noise = sums[0, ...], sums[1, ...]
         else:  # float32: exact window sums where the counts allow, else by bin (one choice for every block)
-            r = scale / width
-            first_window = clamp(xp.ceil(0.5 * r - (h_edges[:, :1] / width + 0.5)), 0.0, float(bins), xp)
-            choice = _limb_choice(h.counts, first_window, r, xp)
+            _, r, off = _level_grid(h_edges, scale, width, xp)
+            choice = _limb_choice(h.counts, _level_first_bin(1.0, r, off, bins, xp), r, xp)
             err = _candidate_blocks(
                 lambda s, z: _squared_error_by_levels32(h.counts, h_edges, s, levels, norm, lambda: by_bin(s, z, True),
                                                         xp, width=width, choice=choice),
