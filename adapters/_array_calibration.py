@@ -69,6 +69,7 @@ from observers_core.families.calibration import (
     kl_pending_message,
     kl_update,
     make_config,
+    with_spec,
 )
 
 from ._array_observers import UniformQuantizationObserverBase, read_only, refuse_unknown
@@ -186,6 +187,12 @@ class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
 
     def _compute_update(self, state: MinMaxState, x: Array, axis: int | None, collective: Any = None) -> MinMaxState:
         return self._compute_batch(state, x, axis, collective)[0]
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """The base's load (``eps``, ``min_val``, ``max_val``, checked first); a loaded ``eps`` reaches the
+        searches (the MSE candidates' quantizer) as it does ``calculate_qparams``."""
+        super().load_state_dict(state_dict)
+        self._config = with_spec(self._config, self._spec)
 
     def reset_min_max_vals(self) -> None:
         """Forget everything seen (per channel, the channel count too)."""

@@ -123,8 +123,17 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
     def averaging_constant(self, value) -> None:
         self.config = dataclasses.replace(self.config, averaging_constant=check_averaging_constant(value))
 
+    def _search_config(self) -> family.CalibConfig:
+        """``config`` with the quantizer of the current ``dtype``/``qscheme``/``quant_min``/``quant_max``: torch.ao
+        reads them at each call, so set after construction they reach the searches too (checked: per channel
+        stays per channel, ``bins`` covers the levels); kept from then on."""
+        config = family.with_spec(self.config, self._quant_spec(eps=self.config.spec.eps))
+        if config is not self.config:
+            self.config = config
+        return config
+
     def _compute_batch(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> tuple:
-        return TORCH.run(family.batch_update, state, x, axis=axis, config=self.config, xp=TORCH.xp,
+        return TORCH.run(family.batch_update, state, x, axis=axis, config=self._search_config(), xp=TORCH.xp,
                          collective=collective)
 
     # -- qparams and state ---------------------------------------------------------------------
@@ -142,6 +151,7 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
+        self.config = family.with_spec(self.config, self._quant_spec())  # a loaded eps reaches the searches
 
     def reset_min_max_vals(self):
         """Forget the averaged range (per channel, the channel count too)."""
@@ -222,7 +232,7 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
 
     def _kl_batch(self, state, acc, x, axis, kl_due, collective):
         """Both steps in one ``TORCH.run`` (one pass to NumPy views and back)."""
-        return TORCH.run(_kl_step, state, acc, x, axis=axis, config=self.config, update=kl_due, xp=TORCH.xp,
+        return TORCH.run(_kl_step, state, acc, x, axis=axis, config=self._search_config(), update=kl_due, xp=TORCH.xp,
                          collective=collective)
 
     def _nothing_seen(self) -> bool:

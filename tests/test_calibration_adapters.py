@@ -35,6 +35,8 @@ from _calibration_reference import (  # noqa: E402
 from conftest import TraceDelta, _cupy_available, adapter_backend, to_numpy, to_torch  # noqa: E402
 from observers_core.adapters import _array_calibration as generic  # noqa: E402  (no public numpy module)
 from observers_core.adapters import torch as tobs  # noqa: E402
+from observers_core.families import calibration as generic_family  # noqa: E402
+from observers_core.families.calibration import positive_levels  # noqa: E402
 
 try:  # bfloat16 for numpy (installed with jax)
     import ml_dtypes
@@ -679,6 +681,41 @@ def test_torch_accepts_torch_dtypes_and_qschemes():
         tobs.KLObserver(dtype=torch.float32)
 
 
+def _torch_level_span(dtype: str, qscheme: str, quant_min, quant_max) -> int | None:
+    """The levels ``[0, amax]`` reaches under torch.ao's own qparams: ``MinMaxObserver`` fed ``[0, amax]`` with
+    ``amax = (Q_max - Q_min) / 2`` (symmetric scale exactly 1, affine ``(Q_max - Q_min) / amax`` levels per
+    unit), then ``clamp(round(x / s) + z, Q_min, Q_max)`` of 0 and amax; ``None`` where torch refuses."""
+    try:
+        obs = torch.ao.quantization.MinMaxObserver(dtype=getattr(torch, dtype), qscheme=getattr(torch, qscheme),
+                                                    quant_min=quant_min, quant_max=quant_max)
+    except (AssertionError, ValueError, RuntimeError):
+        return None
+    amax = (obs.quant_max - obs.quant_min) / 2
+    obs(torch.tensor([0.0, amax]))
+    scale, zero_point = obs.calculate_qparams()
+    x = torch.tensor([0.0, amax], dtype=torch.float64)
+    q = torch.clamp(torch.round(x / scale.double()) + zero_point.double(), obs.quant_min, obs.quant_max)
+    return int(q[1] - q[0]) + 1
+
+
+@pytest.mark.parametrize("qscheme", ["per_tensor_symmetric", "per_tensor_affine"])
+def test_positive_levels_are_the_levels_the_quantizer_reaches(qscheme):
+    """``config.levels`` (KL's ``num_levels``, the ``bins >=`` bound) counts the levels torch.ao's quantizer maps
+    ``[0, amax]`` to, for every dtype and custom range torch accepts (quint4x2 symmetric: 9 of 16; qint8
+    symmetric on [-3, 100]: 53 of 104)."""
+    ranges = [(None, None)] + [(lo, hi) for lo in (-128, -127, -100, -3, -1, 0) for hi in (1, 3, 7, 15, 100, 127, 255)]
+    checked = 0
+    for dtype in ("qint8", "quint8", "quint4x2", "int8", "uint8", "int16"):
+        for quant_min, quant_max in ranges:
+            expected = _torch_level_span(dtype, qscheme, quant_min, quant_max)
+            if expected is None:
+                continue
+            spec = oc.quant_spec(dtype, qscheme, quant_min=quant_min, quant_max=quant_max)
+            assert positive_levels(spec) == expected, (dtype, qscheme, quant_min, quant_max)
+            checked += 1
+    assert checked >= 20
+
+
 @pytest.mark.parametrize("cls_name", CLASSES)
 def test_torch_settable_attributes_take_effect_at_the_next_batch(cls_name):
     """``averaging_constant`` (and KLObserver's ``update_interval``) set after construction, as torch.ao's
@@ -706,6 +743,66 @@ def test_torch_settable_attributes_take_effect_at_the_next_batch(cls_name):
     assert changed.averaging_constant == 0.75
     for u, v in zip(stats(changed), before):
         assert_same(u, v, "after refused values")
+
+
+@pytest.mark.parametrize("cls_name", CLASSES)
+def test_torch_quantizer_attributes_set_after_construction_reach_the_searches(cls_name):
+    """torch.ao reads ``quant_min``/``quant_max``/``qscheme``/``dtype`` at each call: set after construction they
+    reach the searches too (MSE's quantizer, KL's levels), not only ``calculate_qparams``: the observer then runs
+    as one constructed with them from the same state. A setting the configuration cannot take raises at the
+    next batch, naming it, with the state untouched."""
+    batches = batches_of(14, n=4)
+    changed = getattr(tobs, cls_name)(bins=256, averaging_constant=0.5)
+    changed(torch.from_numpy(batches[0]))
+    changed.quant_min, changed.quant_max = -7, 7
+    reference = getattr(tobs, cls_name)(bins=256, averaging_constant=0.5, quant_min=-7, quant_max=7)
+    reference.load_state_dict(changed.state_dict())
+    if cls_name == "KLObserver":  # the accumulator too (not in the state dict)
+        reference(torch.from_numpy(batches[0]))
+        reference.load_state_dict(changed.state_dict())
+    unchanged = copy.deepcopy(reference)
+    unchanged.quant_min, unchanged.quant_max = -128, 127
+    for x in batches[1:]:
+        for obs in (changed, reference, unchanged):
+            obs(torch.from_numpy(x))
+    assert changed.config.levels == reference.config.levels == 8
+    for u, v in zip(stats(changed), stats(reference)):
+        assert_same(u, v, "after quant_min/quant_max were set")
+    if cls_name != "PercentileObserver":  # (the percentile does not depend on the quantizer)
+        assert any(not np.array_equal(u, v) for u, v in zip(stats(changed), stats(unchanged)))  # it mattered
+    before = [s.copy() for s in stats(changed)]
+    changed.quant_min, changed.quant_max = -(2**15), 2**15 - 1  # 32768 levels > bins
+    with pytest.raises(ValueError, match=r"bins=256 is smaller .* \(set after construction\)"):
+        changed(torch.from_numpy(batches[1]))
+    changed.quant_min, changed.quant_max = -128, 127
+    changed.qscheme = torch.per_channel_symmetric
+    with pytest.raises(ValueError, match="qscheme='per_channel_symmetric' .*must stay per tensor"):
+        changed(torch.from_numpy(batches[1]))
+    for u, v in zip(stats(changed), before):
+        assert_same(u, v, "after refused settings")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_loaded_eps_reaches_the_mse_search(backend):
+    """A loaded ``eps`` is the MSE candidates' quantizer's ``eps`` too (as ``calculate_qparams``'s): the
+    observer then runs as the pure ``batch_update`` with that ``eps``, which differs from the default's."""
+    be = make_backend(backend)
+    x = batches_of(15, n=1)[0]  # |x| up to ~160: candidate scales amax / 127.5 below 1.3, eps 4 replaces them all
+    obs = make(be, "MSEObserver", bins=256, averaging_constant=0.5)
+    obs.load_state_dict({"eps": np.array([4.0], np.float32), "min_val": np.array(-1.0, np.float32),
+                         "max_val": np.array(1.0, np.float32)})
+    obs(be.asarray(x))
+    config, _ = generic_family.make_config("MSEObserver", "mse", dtype="qint8", qscheme="per_tensor_symmetric",
+                                           quant_min=None, quant_max=None, ch_axis=-1, averaging_constant=0.5, bins=256)
+    start = oc.MinMaxState(np.array(-1.0, np.float32), np.array(1.0, np.float32))
+    results = []
+    for eps in (4.0, oc.quant_spec("qint8").eps):
+        cfg = generic_family.with_spec(config, oc.quant_spec("qint8", "per_tensor_symmetric", eps=eps))
+        results.append(generic_family.batch_update(start, x, axis=None, config=cfg, xp=npx)[0])
+    for u, v in zip(stats(obs), results[0]):
+        assert_same(u, np.asarray(v), "with the loaded eps")
+    assert obs.config.spec.eps == 4.0
+    assert any(not np.array_equal(u, v) for u, v in zip(results[0], results[1]))  # eps mattered
 
 
 def test_torch_kl_update_interval_set_after_construction():

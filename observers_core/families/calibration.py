@@ -61,7 +61,7 @@ __all__ = [
     "batch_update", "candidate_errors", "check_accumulator_channels", "clip_range", "describe", "kl_accumulate",
     "kl_channels_differ", "kl_init", "kl_merge",
     "kl_pending_message", "kl_update", "make_config", "mix_range", "observed_range", "positive_levels",
-    "search_amax",
+    "search_amax", "with_spec",
 ]  # fmt: skip
 
 Array = Any
@@ -90,9 +90,14 @@ class CalibConfig:
 
 
 def positive_levels(spec: QuantSpec) -> int:
-    """Levels ``z .. quant_max`` that ``[0, amax]`` is quantized to (``z``: the zero point of
-    ``calculate_qparams(0, amax)``): 128 for qint8 symmetric, 256 for quint8 affine."""
+    """Levels ``z .. top`` that ``[0, amax]`` is quantized to (``z``: the zero point of
+    ``calculate_qparams(0, amax)``): affine ``top = quant_max``; symmetric ``amax`` is at level
+    ``z + (quant_max - quant_min) / 2``, so ``top = min(quant_max, z + round((quant_max - quant_min) / 2))``
+    (half to even, as the quantizer rounds). 128 for qint8 and quint8 symmetric, 256 for quint8 affine,
+    9 for quint4x2 symmetric."""
     low, high = mse_window(spec)
+    if spec.qscheme.is_symmetric:
+        high = min(high, low + round((spec.quant_max - spec.quant_min) / 2))
     return high - low + 1
 
 
@@ -132,14 +137,8 @@ def make_config(
         raise TypeError(f"percentile must be a float in (0, 100], got {type(percentile).__name__} {percentile!r}")
     if not 0.0 < float(percentile) <= 100.0:
         raise ValueError(f"percentile={percentile!r} is out of range; allowed: 0 < percentile <= 100")
-    levels = positive_levels(spec)
     bins = check_calib_bins(bins)
-    if bins < levels:
-        raise ValueError(
-            f"bins={bins} is smaller than the {levels} quantized levels |x| reaches with dtype={spec.dtype!r}, "
-            f"qscheme={spec.qscheme.value!r}, quant_min={spec.quant_min}, quant_max={spec.quant_max}; "
-            f"allowed: bins >= {levels}"
-        )
+    levels = _checked_levels(spec, bins)
     stride = check_int(stride, "stride", minimum=1)
     update_interval = check_int(update_interval, "update_interval", minimum=1)
     if check_bool(is_sync_quantize, "is_sync_quantize"):
@@ -150,6 +149,32 @@ def make_config(
         )
     config = CalibConfig(method, spec, float(averaging_constant), bins, levels, float(percentile), stride, update_interval)
     return config, per_channel
+
+
+def _checked_levels(spec: QuantSpec, bins: int, given: str = "") -> int:
+    """:func:`positive_levels` of ``spec``; ``ValueError`` where ``bins`` is below it."""
+    levels = positive_levels(spec)
+    if bins < levels:
+        raise ValueError(
+            f"bins={bins} is smaller than the {levels} quantized levels |x| reaches with dtype={spec.dtype!r}, "
+            f"qscheme={spec.qscheme.value!r}, quant_min={spec.quant_min}, quant_max={spec.quant_max}{given}; "
+            f"allowed: bins >= {levels}"
+        )
+    return levels
+
+
+def with_spec(config: CalibConfig, spec: QuantSpec) -> CalibConfig:
+    """``config`` for the quantizer ``spec`` (an observer's ``quant_min``/``quant_max``/``qscheme``/``dtype``
+    set after construction, or a loaded ``eps``): the same checks as :func:`make_config` (per channel stays
+    per channel; ``bins`` covers the levels), ``ValueError`` otherwise."""
+    if spec == config.spec:
+        return config
+    if spec.qscheme.is_per_channel != config.spec.qscheme.is_per_channel:
+        raise ValueError(f"qscheme={spec.qscheme.value!r} (set after construction) must stay "
+                         f"{'per channel' if config.spec.qscheme.is_per_channel else 'per tensor'}: "
+                         f"it was {config.spec.qscheme.value!r}")
+    levels = _checked_levels(spec, config.bins, " (set after construction)")
+    return dataclasses.replace(config, spec=spec, levels=levels)
 
 
 def describe(config: CalibConfig, ch_axis: int) -> str:
