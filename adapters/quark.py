@@ -429,14 +429,15 @@ class _AccumulatedSearch(_QuarkMinMax, KLObserver):
         self.symmetric = True
 
     def calculate_qparams(self):  # type: ignore[override]
-        """``calculate_qparams`` of the searched range; before the first batch a warning and ``([1.], [0])``."""
-        if self.accumulator is None:
-            warnings.warn(f"{type(self).__name__} has observed nothing yet; returning default values (scale=1, "
-                          "zero_point=0)", UserWarning, stacklevel=2)
+        """``calculate_qparams`` of the searched (or loaded) range; before any finite value a warning and
+        ``([1.], [0])``."""
+        if self._nothing_seen():
+            warnings.warn(f"{type(self).__name__} has observed no finite value yet; returning default values "
+                          "(scale=1, zero_point=0)", UserWarning, stacklevel=2)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 return self._default_qparams(self.min_val)
-        return super().calculate_qparams()
+        return self._calculate_qparams(self.min_val, self.max_val)
 
     def _observe(self, state, x, axis, collective):
         super()._observe(state, x, axis, collective)  # accumulates; update_interval is never reached
@@ -445,7 +446,7 @@ class _AccumulatedSearch(_QuarkMinMax, KLObserver):
     def _searched_range(self) -> MinMaxState:
         """The accumulated range clipped to ``[-amax, amax]``, ``amax`` searched on the accumulated histogram."""
         acc = self.accumulator
-        amax = calibration_family.search_amax(self._SEARCH, acc.hist, self.config, TORCH.xp)
+        amax = calibration_family.search_amax(self._SEARCH, acc.hist, self._search_config(), TORCH.xp)
         return MinMaxState(*calibration_family.clip_range(acc.seen.min_val, acc.seen.max_val, amax, TORCH.xp))
 
     def _load_synced(self, merged) -> None:

@@ -506,8 +506,35 @@ def test_quark_search_observers_before_data():
     spec = SimpleNamespace(dtype="int8", qscheme="per_tensor", symmetric=True, is_dynamic=False)
     for cls in (Q.PerTensorPercentileObserver, Q.PerTensorMSEObserver):
         obs = cls(spec)
-        with pytest.warns(UserWarning, match="observed nothing"):
+        with pytest.warns(UserWarning, match="observed no finite value"):
             scale, zp = obs._calculate_qparams()
+        assert scale.tolist() == [1.0] and zp.tolist() == [0]
+
+
+@pytest.mark.parametrize("name", ["PerTensorPercentileObserver", "PerTensorMSEObserver"])
+def test_quark_search_observers_loaded_range_and_nonfinite_batches(name):
+    """A loaded range is the qparams' range (the accumulated histogram is not saved), and a batch without a
+    finite value gives the observer's own 'no finite value' warning and the defaults (not the KL observer's
+    'no KL update' message it is built on)."""
+    from types import SimpleNamespace
+
+    from observers_core.adapters import quark as Q
+
+    spec = SimpleNamespace(dtype="int8", qscheme="per_tensor", symmetric=True, is_dynamic=False)
+    seen = getattr(Q, name)(spec)
+    _feed([seen], _batches(19))
+    loaded = getattr(Q, name)(spec)
+    loaded.load_state_dict(seen.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _same(loaded._calculate_qparams(), seen._calculate_qparams())
+    for bad in (torch.full((4, 8), float("nan")), torch.full((4, 8), float("inf"))):
+        obs = getattr(Q, name)(spec)
+        obs(bad)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            scale, zp = obs._calculate_qparams()
+        assert [str(w.message).split(";")[0] for w in caught] == [f"{name} has observed no finite value yet"]
         assert scale.tolist() == [1.0] and zp.tolist() == [0]
 
 
