@@ -31,20 +31,15 @@ checks every entry before anything changes.
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
-
-import numpy as np
 
 from observers_core._dtypes import FLOAT32_EPS, QScheme
 from observers_core._histogram import HistogramState
 from observers_core.families import histogram as family
-from observers_core._namespace import device_of
 from observers_core._qparams import QParams
 
-from observers_core._state_dict import check_entry, check_keys
+from observers_core._state_dict import check_entry
 
 from ._array_observers import UniformQuantizationObserverBase, read_only, refuse_unknown
 
@@ -136,16 +131,6 @@ class HistogramObserver(UniformQuantizationObserverBase):
         return HistogramState(*(a if a.dtype == f32 else self._xp.astype(a, f32) for a in state))
 
     @property
-    def state(self) -> HistogramState:
-        """The statistics as a :class:`~observers_core.HistogramState` (a JAX pytree); the empty state
-        before the first input."""
-        return self.init_state() if self._state is None else self._state
-
-    @state.setter
-    def state(self, state: HistogramState | None) -> None:
-        self._state = None if state is None else self._as_state(state)
-
-    @property
     def histogram(self) -> Array:
         return self.state.histogram
 
@@ -162,40 +147,20 @@ class HistogramObserver(UniformQuantizationObserverBase):
         every member's (range agreed first, integer counts summed; an empty ``x`` still takes part)."""
         return super().update(state, x, collective=collective, axis_name=axis_name)
 
-    def qparams(self, state: HistogramState) -> QParams:
-        """Pure: :func:`observers_core.histogram_qparams` of ``state``."""
-        return self._compute_qparams(self._as_state(state))
-
     def calculate_qparams(self) -> QParams:
         """``(scale, zero_point)`` of the range the L2 search picks (see the class docstring). Before any
         input: ``scale=[1.], zero_point=[0]`` with a warning, as torch."""
         return super().calculate_qparams()
 
-    # -- state dict ----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Array]:
-        """``{"eps": (1,), "histogram": (bins,), "min_val": (), "max_val": ()}``, float32, with torch's key
-        names, order and shapes."""
-        state = self.state
-        eps = self._xp.asarray([self._spec.eps], dtype=self._xp.float32, device=device_of(state.min_val))
-        return {"eps": eps, "histogram": state.histogram, "min_val": state.min_val, "max_val": state.max_val}
+    # -- state dict: ``{"eps": (1,), "histogram": (bins,), "min_val": (), "max_val": ()}``, float32, with torch's
+    # key names, order and shapes (a torch.ao HistogramObserver's loads as is, the ``(0,)`` min/max of its
+    # version < 3 included) ------------------------------------------------------------------------------
+    _STATE_KEYS = STATE_KEYS
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load ``eps``, ``histogram``, ``min_val``, ``max_val`` from numpy arrays, this framework's arrays
-        or torch CPU tensors (a ``torch.ao`` HistogramObserver's ``state_dict()`` loads as is, including
-        the ``(0,)`` min/max of torch's version < 3). Everything is checked
-        (:func:`~observers_core.families.histogram.check_loaded_state`, ``eps`` positive and finite) before
-        anything changes."""
-        owner = type(self).__name__
-        check_keys(state_dict, STATE_KEYS, owner)
-        eps = check_entry(state_dict["eps"], "eps", (1,))
-        eps_val = float(eps.astype(np.float32)[0])
-        if not (math.isfinite(eps_val) and eps_val > 0):
-            raise ValueError(f"state_dict['eps']={eps_val!r} must be positive and finite")
+    def _checked_entries(self, state_dict: Mapping[str, Any]) -> HistogramState:
+        """:func:`~observers_core.families.histogram.check_loaded_state` of the entries."""
         entries = (check_entry(state_dict[k], k, None) for k in ("histogram", "min_val", "max_val"))
-        checked = family.check_loaded_state(*entries, bins=self._bins, owner=owner)
-        like = None if self._state is None else self._state.min_val
-        self._spec = dataclasses.replace(self._spec, eps=eps_val)
-        self._state = HistogramState(*(self._place(a, self._xp.float32, like) for a in checked))
+        return HistogramState(*family.check_loaded_state(*entries, bins=self._bins, owner=type(self).__name__))
 
     def extra_repr(self) -> str:
         s = self._state

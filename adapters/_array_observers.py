@@ -29,7 +29,7 @@ from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import check_real, device_of, index_dtype, normalize_axis, size
 from observers_core._qparams import UNINITIALIZED_WARNING, QParams
 from observers_core._fixed import check_fixed_observer, check_fixed_qparams
-from observers_core._state_dict import check_keys, check_minmax_entries
+from observers_core._state_dict import check_eps_entry, check_keys, check_minmax_entries
 from observers_core._validate import check_bool, check_channel_count, check_float
 from observers_core.families import minmax as family
 
@@ -214,6 +214,55 @@ class StatefulObserver(ObserveLoop, ObserverBase):
     def _write_state(self, state: Any) -> None:
         self._state = state
 
+    @property
+    def state(self) -> Any:
+        """The statistics (a NamedTuple of this namespace's arrays, a JAX pytree); before the first input
+        the family's empty state, or ``None`` where its shape comes from the input (per channel, low-bit)."""
+        return self._state_or_empty()
+
+    @state.setter
+    def state(self, state: Any) -> None:
+        self._state = None if state is None else self._as_state(state)
+
+    def _state_or_empty(self) -> Any:
+        return self._state
+
+    def qparams(self, state: Any) -> Any:
+        """Pure: the qparams of ``state`` (``calculate_qparams``'s, without its warnings)."""
+        return self._compute_qparams(self._as_state(state))
+
+    # -- state dict: every family's, from its keys and its entries' check ------------------------------
+    #: the state-dict keys: torch's names and order (``eps``, where the configuration has one, first)
+    _STATE_KEYS: tuple[str, ...] = ("eps", "min_val", "max_val")
+
+    def state_dict(self) -> dict[str, Array]:
+        """The statistics under torch's key names, order and shapes (``_STATE_KEYS``; ``eps`` a ``(1,)``
+        float32 array), the family's never-updated entries before the first input."""
+        state = self._state if self._state is not None else self._unseen_state()
+        entries = state._asdict()
+        if "eps" in self._STATE_KEYS:
+            xp = self._xp
+            entries["eps"] = xp.asarray([self._spec.eps], dtype=xp.float32, device=device_of(state[-1]))
+        return {key: entries[key] for key in self._STATE_KEYS}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Load what :meth:`state_dict` gives (numpy arrays, this framework's arrays or torch CPU tensors: a
+        ``torch.ao`` observer's ``state_dict()`` loads as is). Everything is checked before anything
+        changes: exactly ``_STATE_KEYS``; ``eps`` a positive float32 normal; the family's entries
+        (``_checked_entries``: shapes, dtypes, order)."""
+        check_keys(state_dict, self._STATE_KEYS, type(self).__name__)
+        eps = check_eps_entry(state_dict["eps"]) if "eps" in self._STATE_KEYS else None
+        host = self._checked_entries(state_dict)
+        # Everything checked: commit.
+        like = None if self._state is None else self._state[-1]
+        if eps is not None:
+            self._spec = dataclasses.replace(self._spec, eps=eps)
+        self._state = None if host is None else host._make(self._place(a, None, like) for a in host)
+
+    def _checked_entries(self, state_dict: Mapping[str, Any]) -> Any:
+        """The state of a state dict's entries as host (NumPy) arrays, checked (``None``: never updated)."""
+        raise NotImplementedError
+
     def update(self, state: Any, x: Array, *, collective: Any = None, axis_name: Any = None) -> Any:
         """Pure: the state after observing ``x`` (``state`` is not modified; ``None``: nothing seen yet);
         an empty ``x`` returns ``state``. With a :class:`~observers_core.Collective` (JAX: ``axis_name=``
@@ -288,20 +337,12 @@ class UniformQuantizationObserverBase(StatefulObserver):
         """``device -> the empty state`` (``num_channels`` per channel)."""
         return lambda device: minmax_init(num_channels=num_channels, device=device, xp=self._xp)
 
-    @property
-    def state(self) -> MinMaxState | None:
-        """The statistics as a :class:`~observers_core.MinMaxState` (a JAX pytree).
-
-        Before the first non-empty input: the empty state per tensor, ``None`` per channel (the number
-        of channels is learnt from the first input).
-        """
+    def _state_or_empty(self) -> MinMaxState | None:
+        """Before the first non-empty input: the empty state per tensor, ``None`` per channel (the number
+        of channels is learnt from the first input)."""
         if self._state is None and not self._PER_CHANNEL:
             return self.init_state()
         return self._state
-
-    @state.setter
-    def state(self, state: MinMaxState | None) -> None:
-        self._state = None if state is None else self._as_state(state)
 
     def _as_state(self, state: Any) -> MinMaxState:
         state = self._state_tuple(state, MinMaxState)
@@ -351,10 +392,6 @@ class UniformQuantizationObserverBase(StatefulObserver):
         axis = 0 if self._PER_CHANNEL else None  # the state is (C,): its channel axis is 0
         return self._backend.run(family.qparams, self._family_config(axis), state)
 
-    def qparams(self, state: MinMaxState) -> QParams:
-        """Pure: ``(scale, zero_point)`` of ``state`` (see :func:`observers_core.calculate_qparams`)."""
-        return self._compute_qparams(self._as_state(state))
-
     def calculate_qparams(self) -> QParams:
         """``(scale, zero_point)``: affine ``s = max((max(x_max, 0) - min(x_min, 0)) / (Q_max - Q_min), eps)``,
         ``z = clamp(Q_min - round(min(x_min, 0) / s), Q_min, Q_max)``; symmetric
@@ -370,39 +407,19 @@ class UniformQuantizationObserverBase(StatefulObserver):
             )
         return self._compute_qparams(self._state)
 
-    # -- state dict ----------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Array]:
-        """``{"eps": (1,), "min_val": (), "max_val": ()}`` float32 arrays, per channel ``(C,)``
-        (``(0,)`` before the first input), with torch's key names, order and shapes."""
-        xp = self._xp
-        state = self._state
-        if state is None:
-            state = self.init_state(0) if self._PER_CHANNEL else self.init_state()
-        eps = xp.asarray([self._spec.eps], dtype=xp.float32, device=device_of(state.min_val))
-        return {"eps": eps, "min_val": state.min_val, "max_val": state.max_val}
+    # -- state dict: ``{"eps": (1,), "min_val": (), "max_val": ()}``, per channel ``(C,)`` (``(0,)`` before the
+    # first input), float32, with torch's key names, order and shapes --------------------------------------
+    def _unseen_state(self) -> MinMaxState:
+        return self.init_state(0) if self._PER_CHANNEL else self.init_state()
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load ``eps``, ``min_val`` and ``max_val`` from numpy arrays, this framework's arrays or torch
-        CPU tensors (a ``torch.ao`` observer's ``state_dict()`` loads as is).
-
-        Everything is checked before anything changes: exactly those keys; shapes ``(1,)``, and ``()``
-        per tensor or equal ``(C,)`` per channel (``C=0``: never updated); real dtypes; ``eps`` positive
-        and finite; each ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``).
-        """
-        owner = type(self).__name__
-        check_keys(state_dict, ("eps", "min_val", "max_val"), owner)
-        eps_val, lo32, hi32 = check_minmax_entries(
-            state_dict["eps"], state_dict["min_val"], state_dict["max_val"], per_channel=self._PER_CHANNEL, owner=owner,
-            disordered_ok=self._AVERAGING, finite=self._FINITE_RANGE,
+    def _checked_entries(self, state_dict: Mapping[str, Any]) -> MinMaxState | None:
+        """Shapes ``()`` per tensor or equal ``(C,)`` per channel (``C=0``: never updated); real dtypes; each
+        ``min_val <= max_val`` unless NaN or never updated (``+inf``/``-inf``) (:func:`check_minmax_entries`)."""
+        _, lo32, hi32 = check_minmax_entries(
+            state_dict["eps"], state_dict["min_val"], state_dict["max_val"], per_channel=self._PER_CHANNEL,
+            owner=type(self).__name__, disordered_ok=self._AVERAGING, finite=self._FINITE_RANGE,
         )
-        # Everything checked: commit.
-        like = None if self._state is None else self._state.min_val
-        self._spec = dataclasses.replace(self._spec, eps=eps_val)
-        if self._PER_CHANNEL and lo32.shape == (0,):
-            self._state = None
-        else:
-            xp = self._xp
-            self._state = MinMaxState(self._place(lo32, xp.float32, like), self._place(hi32, xp.float32, like))
+        return None if self._PER_CHANNEL and lo32.shape == (0,) else MinMaxState(lo32, hi32)
 
     def extra_repr(self) -> str:
         s = self._state

@@ -14,7 +14,8 @@ import numpy as np
 
 from ._validate import check_eps
 
-__all__ = ["EXTENSION_FLOATS", "host_array", "check_entry", "check_keys", "check_minmax_entries", "check_scalar_entry"]
+__all__ = ["EXTENSION_FLOATS", "host_array", "check_entry", "check_eps_entry", "check_keys", "check_minmax_entries",
+           "check_scalar_entry"]
 
 #: NumPy extension float dtypes (ml_dtypes) that the array-API namespaces do not know; cast to float32.
 EXTENSION_FLOATS = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
@@ -47,6 +48,11 @@ def check_entry(value: Any, name: str, shape: tuple[int, ...] | None) -> np.ndar
     if shape is not None and arr.shape != shape:
         raise ValueError(f"state_dict[{name!r}] must have shape {shape}, got {arr.shape}")
     return arr
+
+
+def check_eps_entry(value: Any) -> float:
+    """The ``eps`` entry (shape ``(1,)``) as a float: a positive float32 normal (:func:`check_eps`)."""
+    return check_eps(float(check_entry(value, "eps", (1,)).astype(np.float32)[0]), "state_dict['eps']")
 
 
 def check_scalar_entry(value: Any, name: str) -> np.ndarray:
@@ -85,7 +91,7 @@ def check_minmax_entries(
     is (a one-sided infinity or NaN would make every later average NaN).
     Per tensor a one-element ``(1,)`` entry is its 0-d value, as ``nn.Module``'s loader takes it.
     Shared by every adapter's ``load_state_dict``, so all accept and refuse the same."""
-    eps = check_entry(eps, "eps", (1,))
+    eps_val = check_eps_entry(eps)
     if per_channel:
         lo, hi = check_entry(min_val, "min_val", None), check_entry(max_val, "max_val", None)
     else:
@@ -94,7 +100,6 @@ def check_minmax_entries(
         raise ValueError(
             f"state_dict['min_val'] and ['max_val'] must both have shape (C,) for {owner}, got {lo.shape} and {hi.shape}"
         )
-    eps_val = check_eps(float(eps.astype(np.float32)[0]), "state_dict['eps']")
     lo32, hi32 = lo.astype(np.float32), hi.astype(np.float32)
     with np.errstate(invalid="ignore"):
         never = (lo32 == np.inf) & (hi32 == -np.inf)
