@@ -35,7 +35,8 @@ from observers_core._dtypes import FLOAT32_EPS
 from observers_core._minmax import MinMaxState
 from observers_core._mx import BlockScale
 from observers_core._qparams import QParams
-from observers_core._state_dict import check_entry, check_keys
+from observers_core._quantize import extension_float
+from observers_core._state_dict import check_entry
 from observers_core.families import lowbit as family
 from observers_core.families.lowbit import (
     STATE_KEYS,
@@ -48,6 +49,7 @@ from observers_core.families.lowbit import (
 )
 
 from ._array_observers import ObserveLoop, StatefulObserver
+from ._backend import plain_ndarray
 
 __all__ = [
     "LowBitObserver",
@@ -117,13 +119,16 @@ class LowBitSteps(ObserveLoop):
     def fake_quantize(self, x: Array) -> Array:
         """Quantize-dequantize ``x`` with :meth:`calculate_qparams` (``x`` must fit the statistics'
         shape); see :func:`observers_core.lowbit_fake_quantize`. Output dtype: ``x``'s floating dtype
-        (float32 for integers)."""
+        (float32 for integers; NumPy's ml_dtypes bfloat16/float8 included, computed as torch and JAX
+        compute theirs)."""
         state = self._read_state()
-        x = self._check_input(x)
+        checked = self._check_input(x)
         if state is None:
             raise RuntimeError(f"{type(self).__name__}.fake_quantize needs observed statistics; call the observer on data first")
-        self._backend.check_device(x, state.min_val)
-        return self._run_family(family.fake_quantize, state, x)
+        self._backend.check_device(checked, state.min_val)
+        if isinstance(x, np.ndarray) and extension_float(x, self._backend.xp):
+            checked = plain_ndarray(x)  # the statistics' float32 copy (coerce) would lose the dtype
+        return self._run_family(family.fake_quantize, state, checked)
 
     def _checked_stats(self, state_dict: Mapping[str, Any], prefix: str = "") -> tuple[np.ndarray, np.ndarray] | None:
         """The ``min_val``/``max_val`` entries of a state dict as validated host arrays
@@ -183,16 +188,7 @@ class LowBitObserver(LowBitSteps, StatefulObserver):
     def _run_family(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         return self._backend.run(fn, self._step_config, *args, **kwargs)
 
-    # -- state ---------------------------------------------------------------------------------
-    @property
-    def state(self) -> MinMaxState | None:
-        """The statistics (a pytree), ``None`` before the first non-empty input."""
-        return self._state
-
-    @state.setter
-    def state(self, state: MinMaxState | None) -> None:
-        self._state = None if state is None else self._as_state(state)
-
+    # -- state (``None`` before the first non-empty input) ----------------------------------------
     def _as_state(self, state: Any) -> MinMaxState:
         state = self._state_tuple(state, MinMaxState)
         if tuple(state.min_val.shape) != tuple(state.max_val.shape):
@@ -211,25 +207,21 @@ class LowBitObserver(LowBitSteps, StatefulObserver):
         exists)."""
         return super().update(state, x, collective=collective, axis_name=axis_name)
 
-    def qparams(self, state: MinMaxState) -> QParams | BlockScale:
-        """Pure: :func:`observers_core.lowbit_qparams` of ``state``."""
-        return self._run_family(family.qparams, self._as_state(state))
+    def _compute_qparams(self, state: MinMaxState) -> QParams | BlockScale:
+        """:func:`observers_core.lowbit_qparams` of ``state``."""
+        return self._run_family(family.qparams, state)
 
-    # -- state dict ----------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Array]:
-        """``{"min_val", "max_val"}``: the statistics, or ``(0,)`` float32 arrays before any input."""
-        if self._state is None:
-            empty = np.zeros((0,), np.float32)
-            return {"min_val": self._place(empty, None), "max_val": self._place(empty, None)}
-        return {"min_val": self._state.min_val, "max_val": self._state.max_val}
+    # -- state dict: ``{"min_val", "max_val"}``, ``(0,)`` float32 arrays before any input ----------------
+    _STATE_KEYS = STATE_KEYS
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Load ``min_val``/``max_val`` (numpy, this framework's arrays or torch CPU tensors), all checked
-        (:func:`check_loaded_stats`) before anything changes."""
-        check_keys(state_dict, STATE_KEYS, type(self).__name__)
+    def _unseen_state(self) -> MinMaxState:
+        empty = np.zeros((0,), np.float32)
+        return MinMaxState(self._place(empty, None), self._place(empty, None))
+
+    def _checked_entries(self, state_dict: Mapping[str, Any]) -> MinMaxState | None:
+        """:func:`check_loaded_stats` of the entries."""
         checked = self._checked_stats(state_dict)
-        like = None if self._state is None else self._state.min_val
-        self._state = None if checked is None else MinMaxState(*(self._place(a, None, like) for a in checked))
+        return None if checked is None else MinMaxState(*checked)
 
 
 class PerGroupMinMaxObserver(LowBitObserver):

@@ -48,7 +48,7 @@ from ._namespace import (
     array_namespace, check_real, device_of, discarded_invalid, divide_by_constant, normalize_axis, scalar_like,
 )
 from ._qparams import QParams
-from ._quantize import fake_quantize
+from ._quantize import extension_float, fake_quantize
 
 __all__ = [
     "BFP_DTYPES",
@@ -228,9 +228,11 @@ def group_fake_quantize(
     xp: Any = None,
 ) -> Array:
     """``(clip(round(x / s) + z, Q_min, Q_max) - z) * s`` with ``s, z`` per tensor, channel or group
-    (see the module docstring), through :func:`observers_core.fake_quantize` (ties to even)."""
+    (see the module docstring), through :func:`observers_core.fake_quantize` (ties to even; computed in
+    ``x``'s floating dtype, NumPy's ml_dtypes bfloat16/float8 included)."""
     xp = array_namespace(x, xp=xp)
-    check_real(x, xp)
+    if not extension_float(x, xp):
+        check_real(x, xp)
     qmin, qmax = _int_range(dtype)
     axis, group_size = _check_granularity(axis, group_size, x.ndim)
     scale = xp.asarray(scale, device=device_of(x))
@@ -267,19 +269,24 @@ def fp8_fake_quantize(
     xp: Any = None,
 ) -> Array:
     """``fp8(clip(x / s, -max_fp8, max_fp8)) * s``, ``fp8`` rounding to nearest (ties to even), as
-    ``tensor.to(torch.float8_*)`` after Quark's and torchao's clamp. Output dtype: ``x``'s."""
+    ``tensor.to(torch.float8_*)`` after Quark's and torchao's clamp, computed in float32 (float64 stays
+    float64). Output dtype: ``x``'s (NumPy's ml_dtypes bfloat16/float8 included; float32 for integers)."""
     xp = array_namespace(x, xp=xp)
-    check_real(x, xp)
+    extension = extension_float(x, xp)
+    if not extension:
+        check_real(x, xp)
     _, fmt = _fp8_format(dtype)
     axis, group_size = _check_granularity(axis, group_size, x.ndim)
-    out_dtype = x.dtype if xp.isdtype(x.dtype, "real floating") else xp.float32
+    out_dtype = x.dtype if extension or xp.isdtype(x.dtype, "real floating") else xp.float32
     cdt = compute_dtype(x, xp)
     scale = xp.astype(xp.asarray(scale, device=device_of(x)), cdt)
 
     def fq(v: Array, s: Array) -> Array:
         return round_to_element(v / s, fmt, xp) * s
 
-    return xp.astype(_apply(xp.astype(x, cdt, copy=False), (scale,), axis, group_size, fq, xp), out_dtype, copy=False)
+    with discarded_invalid(xp, over="ignore"):  # NaN/Inf inputs (inf / inf, 0 * inf) and saturation: results
+        y = _apply(xp.astype(x, cdt, copy=False), (scale,), axis, group_size, fq, xp)
+    return xp.astype(y, out_dtype, copy=False)
 
 
 # ------------------------------------------------------------------------------------------ spec
@@ -421,7 +428,12 @@ def lowbit_qparams(state: MinMaxState, /, spec: LowBitSpec, *, xp: Any = None) -
 
 
 def lowbit_fake_quantize(x: Array, qparams: QParams | BlockScale, /, spec: LowBitSpec, *, xp: Any = None) -> Array:
-    """Quantize-dequantize ``x`` with ``qparams`` from :func:`lowbit_qparams` for the same spec."""
+    """Quantize-dequantize ``x`` with ``qparams`` from :func:`lowbit_qparams` for the same spec.
+
+    Output dtype: ``x``'s floating dtype (float32 for integers). The integer formats compute in it
+    (:func:`observers_core.fake_quantize`), the others in float32 (float64 stays float64), as torch and
+    JAX do; a NumPy array of an ml_dtypes float (bfloat16, float8_*) is computed as theirs and keeps its
+    dtype."""
     xp = array_namespace(x, xp=xp)
     axis, group_size = _spec_grouping(spec)
     if spec.family == "int":
@@ -429,9 +441,14 @@ def lowbit_fake_quantize(x: Array, qparams: QParams | BlockScale, /, spec: LowBi
         return group_fake_quantize(x, scale, zero_point, dtype=spec.dtype, axis=axis, group_size=group_size, xp=xp)
     if spec.family == "fp8":
         return fp8_fake_quantize(x, qparams[0], dtype=spec.dtype, axis=axis, group_size=group_size, xp=xp)
+    out_dtype = x.dtype if extension_float(x, xp) else None
+    if out_dtype is not None:  # computed in float32, as the block formats compute bfloat16/float8 elsewhere
+        x = xp.astype(x, xp.float32)
     if spec.family == "mx":
-        return mx_fake_quantize(
+        y = mx_fake_quantize(
             x, qparams.exponent, element=MX_DTYPES[spec.dtype], axis=spec.axis, block_size=spec.group_size, xp=xp
         )
-    return bfp_fake_quantize(x, qparams.exponent, axis=spec.axis, block_size=spec.group_size, xp=xp)
+    else:
+        y = bfp_fake_quantize(x, qparams.exponent, axis=spec.axis, block_size=spec.group_size, xp=xp)
+    return y if out_dtype is None else xp.astype(y, out_dtype)
 
