@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 from functools import partial, reduce
 
+import numpy as np
 import torch
 
 from observers_core import CalibHistogram
@@ -100,6 +101,8 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
             sync=sync, **kwargs,
         )
         self.config = config
+        if "eps" in kwargs:  # (torch's base takes it; Horizon's signature does not)
+            self._set_search_eps(float(np.float32(kwargs["eps"])))
         self._PER_CHANNEL = per_channel  # per instance: Horizon chooses by ch_axis
         self.ch_axis = int(ch_axis)
         self.last_choice: torch.Tensor | None = None
@@ -122,6 +125,11 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
     @averaging_constant.setter
     def averaging_constant(self, value) -> None:
         self.config = dataclasses.replace(self.config, averaging_constant=check_averaging_constant(value))
+
+    def _set_search_eps(self, eps: float) -> None:
+        """The searches' ``eps`` (the MSE candidates' quantizer's): the ``eps`` buffer's, at construction and
+        after a load (the buffer is not read per batch: a device read on CUDA)."""
+        self.config = dataclasses.replace(self.config, spec=dataclasses.replace(self.config.spec, eps=eps))
 
     def _search_config(self) -> family.CalibConfig:
         """``config`` with the quantizer of the current ``dtype``/``qscheme``/``quant_min``/``quant_max``: torch.ao
@@ -151,7 +159,7 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-        self.config = family.with_spec(self.config, self._quant_spec())  # a loaded eps reaches the searches
+        self._set_search_eps(float(self.eps.reshape(-1)[0]))  # a loaded eps reaches the searches
 
     def reset_min_max_vals(self):
         """Forget the averaged range (per channel, the channel count too)."""

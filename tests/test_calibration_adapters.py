@@ -805,6 +805,49 @@ def test_loaded_eps_reaches_the_mse_search(backend):
     assert any(not np.array_equal(u, v) for u, v in zip(results[0], results[1]))  # eps mattered
 
 
+def test_torch_constructor_eps_is_the_searches_eps_and_a_load_checks_only_entries():
+    """torch's base takes ``eps=`` (Horizon's signature does not): it is the MSE search's ``eps`` as a loaded one is,
+    so an observer that loads another's state continues it exactly; a load checks the entries only, not
+    attributes set since (those are checked at the next batch, as before)."""
+    x, y = (torch.from_numpy(b) for b in batches_of(16, n=2))
+    a = tobs.MSEObserver(bins=256, averaging_constant=0.5, eps=0.05)
+    a(x)
+    b = tobs.MSEObserver(bins=256, averaging_constant=0.5, eps=0.05)
+    b.load_state_dict(a.state_dict())
+    a(y)
+    b(y)
+    assert a.config.spec.eps == b.config.spec.eps == float(np.float32(0.05))
+    for u, v in zip(stats(a), stats(b)):
+        assert_same(u, v, "constructor eps vs loaded eps")
+    c = tobs.MSEObserver(bins=256, averaging_constant=0.5)
+    c.dtype = torch.float32  # refused at the next batch, not by a load
+    c.load_state_dict(a.state_dict())
+    for u, v in zip(stats(c), stats(a)):
+        assert_same(u, v, "loaded")
+    with pytest.raises(ValueError, match="dtype=torch.float32"):
+        c(y)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_range_without_the_symmetric_zero_point_is_refused(backend):
+    """A symmetric zero point above ``quant_max`` (uint16's 2**15 with a custom range below it) leaves no level
+    for ``|x|``: refused at construction naming the range (the KL search failed at every batch with a message
+    naming none); on torch also when set after construction (qint8 observer set to quint8: zero point 128)."""
+    for cls_name in CLASSES:
+        with pytest.raises(ValueError, match=r"quant_max=1000 put the symmetric zero point 32768 above quant_max"):
+            make(make_backend(backend), cls_name, dtype="uint16", quant_min=0, quant_max=1000)
+    if backend == "torch":
+        obs = tobs.KLObserver(bins=256)
+        x = torch.from_numpy(batches_of(17, n=1)[0])
+        obs(x)
+        before = [s.copy() for s in stats(obs)]
+        obs.dtype = torch.quint8
+        with pytest.raises(ValueError, match=r"\(set after construction\) put the symmetric zero point 128"):
+            obs(x)
+        for u, v in zip(stats(obs), before):
+            assert_same(u, v, "after the refused batch")
+
+
 def test_torch_kl_update_interval_set_after_construction():
     kl = tobs.KLObserver(bins=256, update_interval=4)
     kl.update_interval = 1

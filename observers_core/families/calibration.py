@@ -152,8 +152,15 @@ def make_config(
 
 
 def _checked_levels(spec: QuantSpec, bins: int, given: str = "") -> int:
-    """:func:`positive_levels` of ``spec``; ``ValueError`` where ``bins`` is below it."""
+    """:func:`positive_levels` of ``spec``; ``ValueError`` where there is none (a symmetric zero point above
+    ``quant_max``: uint16's 2**15 with a narrower custom range) or ``bins`` is below it."""
     levels = positive_levels(spec)
+    if levels < 1:
+        raise ValueError(
+            f"dtype={spec.dtype!r}, qscheme={spec.qscheme.value!r}, quant_min={spec.quant_min}, "
+            f"quant_max={spec.quant_max}{given} put the symmetric zero point {spec.symmetric_zero_point} above "
+            "quant_max: no level holds |x| >= 0; allowed: a range that contains the zero point"
+        )
     if bins < levels:
         raise ValueError(
             f"bins={bins} is smaller than the {levels} quantized levels |x| reaches with dtype={spec.dtype!r}, "
