@@ -284,7 +284,8 @@ def fp8_fake_quantize(
     def fq(v: Array, s: Array) -> Array:
         return round_to_element(v / s, fmt, xp) * s
 
-    with discarded_invalid(xp, over="ignore"):  # NaN/Inf inputs (inf / inf, 0 * inf) and saturation: results
+    # NaN/Inf inputs (inf / inf, 0 * inf): results; for ml_dtypes floats also saturation
+    with discarded_invalid(xp, **(dict(over="ignore") if extension else {})):
         y = _apply(xp.astype(x, cdt, copy=False), (scale,), axis, group_size, fq, xp)
     return xp.astype(y, out_dtype, copy=False)
 

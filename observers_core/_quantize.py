@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from ._namespace import (
-    array_namespace, check_real, device_of, discarded_invalid, is_jax_namespace, is_numpy_namespace, normalize_axis,
-    rounded, size, work_dtype,
+    array_namespace, check_real, device_of, discarded_invalid, is_jax_namespace, is_numpy_namespace, is_traced,
+    normalize_axis, rounded, size, work_dtype,
 )
 from ._state_dict import EXTENSION_FLOATS
 
@@ -22,7 +22,8 @@ def extension_float(x: Array, xp: Any) -> bool:
     which NumPy's array-API functions do not count as real floating. The low-bit fake quantization takes
     them as torch and JAX take their bfloat16/float8 arrays: it returns their dtype, and the integer
     formats compute in it (ml_dtypes' operations round each result to the dtype, as torch's and JAX's do)."""
-    return is_numpy_namespace(xp) and getattr(x.dtype, "name", None) in EXTENSION_FLOATS
+    scalar_type = getattr(x.dtype, "type", None)  # (not ``dtype.name``: computed in Python, ~3 us a call)
+    return getattr(scalar_type, "__name__", None) in EXTENSION_FLOATS and is_numpy_namespace(xp)
 
 
 def _clip(q: Array, lo: float, hi: float, extension: bool, xp: Any) -> Array:
@@ -37,8 +38,9 @@ def _positive_zero(q: Array, xp: Any) -> Array:
     """``round(v) + z`` with ``-0.0`` as ``0.0`` on JAX, as every other backend computes it (``-0.0 + 0.0`` is
     ``0.0``; the sum is never ``-0.0``): XLA drops the addition (and the subtraction) of a zero point that is
     a compile-time zero, the symmetric signed formats' under ``jit``, so ``round(-0.001 / s) = -0.0`` came
-    out as ``-0.0``. One ``where``, fused into the same elementwise kernel; other backends: ``q``."""
-    if not is_jax_namespace(xp):
+    out as ``-0.0``. One ``where`` under ``jit``, fused into the same elementwise kernel; eager JAX (which adds
+    the zero) and other backends: ``q``."""
+    if not (is_jax_namespace(xp) and is_traced(q)):
         return q
     return xp.where(q == 0, xp.zeros_like(q), q)
 
@@ -93,8 +95,9 @@ def fake_quantize(
         scale = xp.reshape(scale, tuple(shape))
         zero_point = xp.reshape(zero_point, tuple(shape))
     lo, hi = float(quant_min), float(quant_max)
-    # NaN/Inf inputs or scales (inf * 0), saturation, a scale that underflows a float8 x's dtype: results
-    with discarded_invalid(xp, over="ignore", divide="ignore"):
+    # NaN/Inf inputs or scales (inf * 0): results; for ml_dtypes floats also saturation and a scale that
+    # underflows the dtype (float8: every-day cases)
+    with discarded_invalid(xp, **(dict(over="ignore", divide="ignore") if extension else {})):
         if not float_zero_point:
             q = _clip(_positive_zero(xp.round(x * (1 / scale)) + zero_point, xp), lo, hi, extension, xp)
             return (q - zero_point) * scale
