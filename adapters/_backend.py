@@ -30,7 +30,7 @@ import numpy as np
 
 from observers_core._collective import check_collective
 from observers_core._namespace import device_of, namespace_of
-from observers_core._state_dict import EXTENSION_FLOATS
+from observers_core._quantize import extension_float
 
 Array = Any
 
@@ -80,7 +80,7 @@ class Backend:
             raise TypeError(f"x must be an array of {self.xp.__name__}, got {type(x).__module__}.{type(x).__name__}")
         if isinstance(x, np.ndarray):
             x = plain_ndarray(x)
-        if getattr(x.dtype, "name", None) in EXTENSION_FLOATS:  # ml_dtypes bfloat16 & co. on numpy
+        if extension_float(x, self.xp):  # ml_dtypes bfloat16 & co. on numpy
             x = x.astype(np.float32)
         return x
 

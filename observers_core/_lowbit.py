@@ -48,7 +48,7 @@ from ._namespace import (
     array_namespace, check_real, device_of, discarded_invalid, divide_by_constant, normalize_axis, scalar_like,
 )
 from ._qparams import QParams
-from ._quantize import extension_float, fake_quantize
+from ._quantize import checked_real, extension_float, fake_quantize
 
 __all__ = [
     "BFP_DTYPES",
@@ -231,8 +231,7 @@ def group_fake_quantize(
     (see the module docstring), through :func:`observers_core.fake_quantize` (ties to even; computed in
     ``x``'s floating dtype, NumPy's ml_dtypes bfloat16/float8 included)."""
     xp = array_namespace(x, xp=xp)
-    if not extension_float(x, xp):
-        check_real(x, xp)
+    checked_real(x, xp)
     qmin, qmax = _int_range(dtype)
     axis, group_size = _check_granularity(axis, group_size, x.ndim)
     scale = xp.asarray(scale, device=device_of(x))
@@ -272,9 +271,7 @@ def fp8_fake_quantize(
     ``tensor.to(torch.float8_*)`` after Quark's and torchao's clamp, computed in float32 (float64 stays
     float64). Output dtype: ``x``'s (NumPy's ml_dtypes bfloat16/float8 included; float32 for integers)."""
     xp = array_namespace(x, xp=xp)
-    extension = extension_float(x, xp)
-    if not extension:
-        check_real(x, xp)
+    extension = checked_real(x, xp)
     _, fmt = _fp8_format(dtype)
     axis, group_size = _check_granularity(axis, group_size, x.ndim)
     out_dtype = x.dtype if extension or xp.isdtype(x.dtype, "real floating") else xp.float32

@@ -26,6 +26,15 @@ def extension_float(x: Array, xp: Any) -> bool:
     return getattr(scalar_type, "__name__", None) in EXTENSION_FLOATS and is_numpy_namespace(xp)
 
 
+def checked_real(x: Array, xp: Any) -> bool:
+    """``TypeError`` unless ``x`` is real (:func:`check_real`) or a NumPy array of an ml_dtypes float; returns
+    whether it is the latter (:func:`extension_float`)."""
+    extension = extension_float(x, xp)
+    if not extension:
+        check_real(x, xp)
+    return extension
+
+
 def _clip(q: Array, lo: float, hi: float, extension: bool, xp: Any) -> Array:
     """``clip(q, lo, hi)``; for ml_dtypes floats (NumPy has no ``clip`` loop for them) ``minimum``/``maximum``
     with the bounds in ``q``'s dtype, as JAX rounds them (NaN stays NaN)."""
@@ -70,9 +79,7 @@ def fake_quantize(
     never ``-0.0`` (``round(v) + z`` is ``0.0``), under ``jax.jit`` too.
     """
     xp = array_namespace(x, xp=xp)
-    extension = extension_float(x, xp)
-    if not extension:
-        check_real(x, xp)
+    extension = checked_real(x, xp)
     for name, value in (("quant_min", quant_min), ("quant_max", quant_max)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
