@@ -338,7 +338,10 @@ def test_qparams_of_integer_ranges_are_float32(backend, int_dtype):
     want_scale, want_zp = tao.MinMaxObserver()._calculate_qparams(torch.tensor(-3.0), torch.tensor(7.0))
     assert to_numpy(scale).dtype == np.float32
     assert_same_on_device(to_numpy(scale), want_scale.numpy(), backend.name, "scale")
-    np.testing.assert_array_equal(to_numpy(zp), want_zp.numpy())
+    # -3 / scale is the rounding tie -76.5 (scale = 10 / 255), which torch rounds to even (zero point 76).
+    # XLA's GPU division is not correctly rounded (README "GPU arithmetic"): there it may land on either side.
+    allowed = [want_zp.item(), want_zp.item() + 1] if backend.name == "jax-gpu" else [want_zp.item()]
+    assert to_numpy(zp).tolist() in ([z] for z in allowed), (to_numpy(zp), allowed)
 
 
 @pytest.mark.parametrize("spec", [None, "qint8", ("qint8", "per_tensor_affine"), 0.5])
@@ -448,7 +451,7 @@ def test_bad_arguments_of_the_pure_functions_are_named(backend):
     reshape errors): each a ``TypeError``/``ValueError`` naming the argument and what is allowed."""
     xp = backend.xp
     x = backend.asarray(np.array([1.0, -2.0], np.float32))
-    state = oc.minmax_init(xp=xp)
+    state = oc.minmax_init(device=backend.device, xp=xp)  # on x's device: a CPU state refuses a CUDA x first
     other = np if backend.name != "numpy" else torch
     with pytest.raises(TypeError, match="one namespace"):
         oc.minmax_update(state, other.asarray(np.array([1.0], np.float32)))
