@@ -21,7 +21,7 @@ import numpy as np
 from ._collective import check_collective, reduce_range
 from ._compiled import counts_kernel, host_scalar, host_view, numpy_views, rebin_kernel, split_sum, threads
 from ._minmax import aminmax
-from ._validate import INF, check_int
+from ._validate import INF, check_bool, check_int
 from ._namespace import (
     namespace_of,
     array_namespace,
@@ -503,6 +503,7 @@ def histogram_update_counting(
     (and the inf/NaN counts), so each ends with the state of one update on the concatenated batch."""
     bins = check_state(state)
     up = check_upsample_rate(upsample_rate)
+    ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
     xp = array_namespace(state.histogram, xp=xp)
     check_real(x, xp)
     check_same_device(x, state.histogram, xp)

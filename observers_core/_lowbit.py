@@ -48,7 +48,8 @@ from ._namespace import (
     array_namespace, check_real, device_of, discarded_invalid, divide_by_constant, normalize_axis, scalar_like,
 )
 from ._qparams import QParams
-from ._quantize import checked_real, extension_float, fake_quantize
+from ._quantize import checked_real, fake_quantize
+from ._validate import check_bool
 
 __all__ = [
     "BFP_DTYPES",
@@ -193,8 +194,8 @@ def group_qparams(
     a NaN range gives ``s = NaN, z = 0``; an infinite one ``s = inf`` (silently on every framework). ``z`` is int32.
     """
     xp = array_namespace(min_val, max_val, xp=xp)
-    check_real(min_val, xp)
-    check_real(max_val, xp)
+    check_real(min_val, xp, name="min_val")
+    check_real(max_val, xp, name="max_val")
     with discarded_invalid(xp, over="ignore", divide="ignore"):  # NaN/inf scales are results, silently
         qmin, qmax = _int_range(dtype)
         dtype_f = compute_dtype(min_val, xp)
@@ -251,7 +252,7 @@ def fp8_scale(amax: Array, /, *, dtype: str = "float8_e4m3fn", eps: float = FLOA
     channel or group (any shape). An all-zero range (``s == 0``) gets ``s = eps`` (float32 eps by
     default, Quark's rule), so quantizing zeros gives zeros. NaN ``amax`` gives NaN, +Inf gives +Inf."""
     xp = array_namespace(amax, xp=xp)
-    check_real(amax, xp)
+    check_real(amax, xp, name="amax")
     fmax, _ = _fp8_format(dtype)
     scale = divide_by_constant(xp.astype(amax, compute_dtype(amax, xp)), fmax, xp)
     return xp.where(scale == 0, scalar_like(float(eps), scale, xp), scale)
@@ -395,6 +396,7 @@ def lowbit_stats(x: Array, /, spec: LowBitSpec, *, ignore_nonfinite: bool = Fals
     """
     xp = array_namespace(x, xp=xp)
     check_real(x, xp)
+    ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
     if spec.granularity == "per_block":
         skip = ignore_nonfinite or spec.family == "bfp"
         lo, hi = block_aminmax(x, axis=spec.axis, block_size=spec.group_size, ignore_nonfinite=skip, xp=xp)
@@ -439,14 +441,9 @@ def lowbit_fake_quantize(x: Array, qparams: QParams | BlockScale, /, spec: LowBi
         return group_fake_quantize(x, scale, zero_point, dtype=spec.dtype, axis=axis, group_size=group_size, xp=xp)
     if spec.family == "fp8":
         return fp8_fake_quantize(x, qparams[0], dtype=spec.dtype, axis=axis, group_size=group_size, xp=xp)
-    out_dtype = x.dtype if extension_float(x, xp) else None
-    if out_dtype is not None:  # computed in float32, as the block formats compute bfloat16/float8 elsewhere
-        x = xp.astype(x, xp.float32)
     if spec.family == "mx":
-        y = mx_fake_quantize(
+        return mx_fake_quantize(
             x, qparams.exponent, element=MX_DTYPES[spec.dtype], axis=spec.axis, block_size=spec.group_size, xp=xp
         )
-    else:
-        y = bfp_fake_quantize(x, qparams.exponent, axis=spec.axis, block_size=spec.group_size, xp=xp)
-    return y if out_dtype is None else xp.astype(y, out_dtype)
+    return bfp_fake_quantize(x, qparams.exponent, axis=spec.axis, block_size=spec.group_size, xp=xp)
 

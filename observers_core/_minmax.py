@@ -31,7 +31,7 @@ from ._namespace import (
     size,
 )
 from ._qparams import QParams, calculate_qparams
-from ._validate import INF
+from ._validate import INF, check_bool
 
 __all__ = [
     "MinMaxState",
@@ -71,6 +71,7 @@ def aminmax(
     check_real(x, xp)
     if size(x) == 0:  # the same error on every backend (torch raises RuntimeError, numpy ValueError)
         raise ValueError(f"x must not be empty, got shape {tuple(x.shape)}")
+    ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
     return _aminmax(x, None if axis is None else normalize_axis(axis, x.ndim), ignore_nonfinite, xp)
 
 
@@ -191,6 +192,7 @@ def _batch_range(state: MinMaxState, x: Array, axis: int | None, ignore_nonfinit
                  collective: Any = None):
     """``aminmax(x)`` cast to the state's dtype, after checking that ``x`` fits the state, reduced by
     ``collective`` (an empty ``x`` contributes ``(+inf, -inf)``)."""
+    check_bool(ignore_nonfinite, "ignore_nonfinite")
     if axis is None:
         if state.min_val.ndim != 0:
             raise ValueError(f"a per-channel state of shape {tuple(state.min_val.shape)} needs axis=<channel axis>")

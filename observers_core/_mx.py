@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._minmax import reduce_aminmax
+from ._quantize import checked_real
+from ._validate import check_bool
 from ._namespace import (
     array_namespace,
     check_real,
@@ -195,6 +197,7 @@ def blocked_aminmax(
     check_real(x, xp)
     axis = normalize_axis(axis, x.ndim)
     block_size = check_block_size(block_size, name=name, allow_whole=True)
+    ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
     if not xp.isdtype(x.dtype, "real floating"):
         x = xp.astype(x, xp.float32)
     xb = to_blocks(x, axis, block_size, xp, pad=pad)
@@ -332,7 +335,7 @@ def mx_scale(amax: Array, /, *, element: str = "fp8_e4m3", rounding: str = "floo
     ``amax`` is reduced in float32 (float64 stays float64).
     """
     xp = array_namespace(amax, xp=xp)
-    check_real(amax, xp)
+    check_real(amax, xp, name="amax")
     fmt = parse_element(element)
     check_rounding(rounding)
     a = xp.astype(xp.abs(amax), compute_dtype(amax, xp))
@@ -354,11 +357,12 @@ def _block_fake_quantize(
     x: Array, code: Array, fmt: ElementFormat, axis: int, block_size: int, lo: float | None, xp: Any
 ) -> Array:
     """Shared MX/BFP quantize-dequantize: ``round_to_element(x / 2**e, fmt) * 2**e`` per block, with
-    ``e = code - 127``; code 255 makes the block NaN."""
-    check_real(x, xp)
+    ``e = code - 127``; code 255 makes the block NaN. Computed in float32 (float64 stays float64), rounded
+    once to ``x``'s floating dtype (a NumPy ml_dtypes bfloat16/float8 array's too; integers: float32)."""
+    extension = checked_real(x, xp)
     axis = normalize_axis(axis, x.ndim)
     block_size = check_block_size(block_size)
-    out_dtype = x.dtype if xp.isdtype(x.dtype, "real floating") else xp.float32
+    out_dtype = x.dtype if extension or xp.isdtype(x.dtype, "real floating") else xp.float32
     n = x.shape[axis]
     xb = to_blocks(xp.astype(x, compute_dtype(x, xp), copy=False), axis, block_size, xp, pad=True)
     expected = xb.shape[: axis + 1] + xb.shape[axis + 2 :]
@@ -425,7 +429,8 @@ def bfp_scale(min_val: Array, max_val: Array, /, *, xp: Any = None) -> BlockScal
     (Quark's "scale") is ``X / 64``.
     """
     xp = array_namespace(min_val, max_val, xp=xp)
-    check_real(min_val, xp)
+    check_real(min_val, xp, name="min_val")
+    check_real(max_val, xp, name="max_val")
     dtype = compute_dtype(min_val, xp)
     lo, hi = xp.astype(min_val, dtype), xp.astype(max_val, dtype)
     empty = lo > hi

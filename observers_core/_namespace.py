@@ -116,8 +116,14 @@ def normalize_axis(axis: int, ndim: int, *, name: str = "axis") -> int:
 
 
 def check_real(x: Array, xp: Any, *, name: str = "x") -> None:
-    """``TypeError`` unless ``x`` holds real numbers (floating or integer, not bool or complex)."""
-    if not (xp.isdtype(x.dtype, "real floating") or xp.isdtype(x.dtype, "integral")):
+    """``TypeError`` unless ``x`` holds real numbers (floating or integer, not bool or complex). A NumPy
+    array of an ml_dtypes float (bfloat16, float8_*), which NumPy's ``isdtype`` refuses, is named as such."""
+    try:
+        real = xp.isdtype(x.dtype, "real floating") or xp.isdtype(x.dtype, "integral")
+    except TypeError:  # NumPy: a dtype it does not know (ml_dtypes)
+        raise TypeError(f"{name} must hold real floating or integer values, got dtype {x.dtype}, which NumPy's "
+                        f"array API does not count as real: cast {name} to float32 first") from None
+    if not real:
         raise TypeError(f"{name} must hold real floating or integer values, got dtype {x.dtype}")
 
 

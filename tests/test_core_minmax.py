@@ -473,6 +473,29 @@ def test_bad_arguments_of_the_pure_functions_are_named(backend):
                          quant_min=0, quant_max=255, axis=0)
 
 
+def test_ignore_nonfinite_of_the_pure_functions_must_be_a_bool(backend):
+    """Every pure function with ``ignore_nonfinite`` refuses a non-bool naming it (they took ``"yes"`` as
+    ``True`` and ``0``/``None`` as ``False``); ``True``/``False``/``np.bool_`` run."""
+    xp = backend.xp
+    x = backend.asarray(np.arange(-8.0, 8.0, dtype=np.float32).reshape(2, 8))
+    calls = [
+        lambda v: oc.aminmax(x, ignore_nonfinite=v),
+        lambda v: oc.minmax_update(oc.minmax_init(device=backend.device, xp=xp), x, ignore_nonfinite=v),
+        lambda v: oc.moving_average_update(oc.minmax_init(device=backend.device, xp=xp), x, averaging_constant=0.5,
+                                           ignore_nonfinite=v),
+        lambda v: oc.histogram_update(oc.histogram_init(bins=8, device=backend.device, xp=xp), x, ignore_nonfinite=v),
+        lambda v: oc.block_aminmax(x, block_size=4, ignore_nonfinite=v),
+        lambda v: oc.group_aminmax(x, group_size=4, ignore_nonfinite=v),
+        lambda v: oc.lowbit_stats(x, oc.lowbit_spec("int4"), ignore_nonfinite=v),
+    ]
+    for call in calls:
+        for ok in (True, False, np.True_):
+            call(ok)
+        for bad in ("yes", 0, None):
+            with pytest.raises(TypeError, match="ignore_nonfinite must be a bool"):
+                call(bad)
+
+
 def test_aminmax_per_channel_any_axis(xp):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)

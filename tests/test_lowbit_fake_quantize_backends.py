@@ -175,6 +175,45 @@ def test_core_fake_quantize_takes_numpy_bfloat16_as_torch_takes_its_own():
         assert_same_bits(y, _torch_out(expected), f"trial {trial}")
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "float8_e5m2"])
+def test_core_block_fake_quantize_takes_numpy_extension_floats_as_the_observers_do(dtype):
+    """``oc.mx_fake_quantize``/``oc.bfp_fake_quantize`` on a NumPy ml_dtypes array (they raised NumPy's
+    ``TypeError``) keep its dtype and give JAX's result for the same array: computed in float32, rounded once."""
+    dt = getattr(ml_dtypes, dtype)
+    rng = np.random.default_rng(sum(map(ord, dtype)))
+    for trial in range(6):
+        x = (rng.standard_normal((4, 64)) * 10.0 ** rng.uniform(-3, 3)).astype(dt)
+        if trial % 3 == 2:
+            x[0, :3] = [np.nan, np.inf, -np.inf]
+        x32 = x.astype(np.float32)
+        finite = np.nan_to_num(x32, nan=0.0, posinf=1e3, neginf=-1e3)  # normal scales (XLA:CPU flushes subnormals)
+        amax = np.abs(finite).reshape(4, 2, 32).max(-1)
+        lo, hi = finite.reshape(4, 8, 8).min(-1), finite.reshape(4, 8, 8).max(-1)
+        for fq, code, kw in ((oc.mx_fake_quantize, oc.mx_scale(amax).exponent, {}),
+                             (oc.bfp_fake_quantize, oc.bfp_scale(lo, hi).exponent, {"block_size": 8})):
+            y = fq(x, code, **kw)
+            assert y.dtype == dt, (fq.__name__, y.dtype)
+            assert_same_bits(y, np.asarray(fq(jnp.asarray(x), jnp.asarray(code), **kw)), f"{fq.__name__}, trial {trial}")
+
+
+@pytest.mark.parametrize("call", ["aminmax", "block_aminmax", "mx_scale", "bfp_scale", "minmax_update"])
+def test_core_statistics_name_a_numpy_extension_float_input(call):
+    """The statistics functions take no ml_dtypes array (the observers cast it to float32 first): a
+    ``TypeError`` naming the argument and the cast (it was NumPy's "dtype argument must be a NumPy dtype")."""
+    x = np.linspace(-3, 3, 64, dtype=np.float32).reshape(2, 32).astype(ml_dtypes.bfloat16)
+    calls = {
+        "aminmax": (lambda: oc.aminmax(x), "x"),
+        "block_aminmax": (lambda: oc.block_aminmax(x, axis=-1, block_size=32), "x"),
+        "mx_scale": (lambda: oc.mx_scale(x[:, 0]), "amax"),
+        "bfp_scale": (lambda: oc.bfp_scale(x[:, 0], x[:, 1]), "min_val"),
+        "minmax_update": (lambda: oc.minmax_update(oc.minmax_init(xp=np), x), "x"),
+    }
+    fn, name = calls[call]
+    with pytest.raises(TypeError, match=f"^{name} must hold real floating or integer values, got dtype bfloat16.*"
+                                        f"cast {name} to float32"):
+        fn()
+
+
 # ------------------------------------------------------------------------------------- NaN inputs
 
 

@@ -271,6 +271,21 @@ def test_averaging_constant_changed_after_construction(name):
         assert all(_same(v, before[k]) for k, v in ours.state_dict().items())
 
 
+@pytest.mark.parametrize("name", ["MinMaxObserver", "MovingAveragePerChannelMinMaxObserver", "HistogramObserver"])
+def test_ignore_nonfinite_set_to_a_non_bool_is_refused_at_the_next_batch(name):
+    """``ignore_nonfinite`` set after construction to anything but a bool: a ``TypeError`` naming it at the next
+    batch, buffers untouched, on every class (the min/max classes took ``"yes"`` as ``True`` and ``0`` as ``False``)."""
+    first, second, _ = _batches(5)
+    for value in ("yes", 0, None):
+        ours = getattr(ot, name)()
+        ours(first)
+        ours.ignore_nonfinite = value
+        before = copy.deepcopy(ours.state_dict())
+        with pytest.raises(TypeError, match="ignore_nonfinite must be a bool"):
+            ours(second)
+        assert all(_same(v, before[k]) for k, v in ours.state_dict().items())
+
+
 def test_a_shared_memory_per_channel_observer_observes():
     """``share_memory()`` before the first batch: the empty per-channel buffers' shared storage cannot be
     resized (torch's ``resize_`` kills the process, torch.ao's observer with it): ours makes new buffers,
