@@ -138,12 +138,26 @@ class KLSteps(CalibrationSteps):
 # ---------------------------------------------------------------------------------------- classes
 
 
+#: ``_setup``'s method keywords, each class's constructor passing its own (``_OPTIONS``); the others' defaults
+METHOD_DEFAULTS = {"percentile": 99.99, "stride": 1, "update_interval": 1}
+NOT_GIVEN: Any = object()
+
+
+def method_options(owner: str, own: tuple[str, ...], **given: Any) -> dict[str, Any]:
+    """The method keywords for :func:`make_config`: ``own`` (the class's) as given, the others at their defaults;
+    ``TypeError`` for another class's keyword given (``KLObserver(percentile=...)`` was silently ignored)."""
+    refuse_unknown(owner, {k: v for k, v in given.items() if v is not NOT_GIVEN and k not in own})
+    return {k: METHOD_DEFAULTS[k] if v is NOT_GIVEN else v for k, v in given.items()}
+
+
 class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
     """Shared by the four observers: configuration and the per-batch step (``batch_update`` of the
     core, run by the backend). ``_setup`` is what the public constructors call (every framework's
     base has one: the torch classes are these constructors bound to ``adapters.torch``'s base)."""
 
     _METHOD = ""
+    #: the method keywords (of ``percentile``, ``stride``, ``update_interval``) the public constructor takes
+    _OPTIONS: tuple[str, ...] = ()
 
     def _setup(
         self,
@@ -157,17 +171,20 @@ class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
         factory_kwargs: Mapping[str, Any] | None,
         *,
         bins: int,
-        percentile: float = 99.99,
-        stride: int = 1,
-        update_interval: int = 1,
+        percentile: float = NOT_GIVEN,
+        stride: int = NOT_GIVEN,
+        update_interval: int = NOT_GIVEN,
         xp: Any = None,
         **unknown: Any,
     ) -> None:
-        refuse_unknown(type(self).__name__, unknown)
+        owner = type(self).__name__
+        refuse_unknown(owner, unknown)
+        options = method_options(owner, self._OPTIONS, percentile=percentile, stride=stride,
+                                 update_interval=update_interval)
         config, per_channel = make_config(
-            type(self).__name__, self._METHOD, dtype=dtype, qscheme=qscheme, quant_min=quant_min,
-            quant_max=quant_max, ch_axis=ch_axis, averaging_constant=averaging_constant, bins=bins,
-            percentile=percentile, stride=stride, update_interval=update_interval, is_sync_quantize=is_sync_quantize,
+            owner, self._METHOD, dtype=dtype, qscheme=qscheme, quant_min=quant_min, quant_max=quant_max,
+            ch_axis=ch_axis, averaging_constant=averaging_constant, bins=bins, is_sync_quantize=is_sync_quantize,
+            **options,
         )
         self._PER_CHANNEL = per_channel  # per instance: Horizon chooses by ch_axis
         super().__init__(dtype, qscheme, False, quant_min, quant_max, factory_kwargs, xp=xp)
@@ -214,6 +231,7 @@ class PercentileObserver(_CalibrationObserver):
     ``x_min = x_min + c * (lo - x_min)``. Horizon's signature; see the module docstring."""
 
     _METHOD = "percentile"
+    _OPTIONS = ("percentile",)
 
     def __init__(
         self,
@@ -242,6 +260,7 @@ class MSEObserver(_CalibrationObserver):
     moving-averaged. Horizon's signature plus keyword-only ``bins``."""
 
     _METHOD = "mse"
+    _OPTIONS = ("stride",)
 
     def __init__(
         self,
@@ -271,6 +290,7 @@ class MixObserver(_CalibrationObserver):
     winners' indices. Horizon's signature plus keyword-only ``bins``, ``percentile`` and ``stride``."""
 
     _METHOD = "mix"
+    _OPTIONS = ("percentile", "stride")
 
     def __init__(
         self,
@@ -305,6 +325,7 @@ class KLObserver(KLSteps, _CalibrationObserver):
     offered (the step depends on the accumulated histogram and the batch count)."""
 
     _METHOD = "kl"
+    _OPTIONS = ("update_interval",)
 
     def __init__(
         self,

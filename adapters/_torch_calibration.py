@@ -42,7 +42,7 @@ import torch
 from observers_core import CalibHistogram
 from observers_core._dtypes import QScheme
 from observers_core._minmax import MinMaxState, mean_of_replicas
-from observers_core._validate import INF, check_averaging_constant, check_bool, check_int
+from observers_core._validate import INF, UnsupportedConfigError, check_averaging_constant, check_bool, check_int
 
 from observers_core.families import calibration as family
 
@@ -67,6 +67,7 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
     default group (or ``process_group=``)."""
 
     _METHOD = ""
+    _OPTIONS: tuple[str, ...] = ()
     _REPLICA_MERGE = staticmethod(mean_of_replicas)  # sync_observers: the averaged ranges' mean
 
     min_val: torch.Tensor
@@ -84,17 +85,24 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
         factory_kwargs,
         *,
         bins,
-        percentile=99.99,
-        stride=1,
-        update_interval=1,
+        percentile=_base.NOT_GIVEN,
+        stride=_base.NOT_GIVEN,
+        update_interval=_base.NOT_GIVEN,
         sync=False,
         **kwargs,
     ) -> None:
+        owner = type(self).__name__
+        # torch's base arguments besides Horizon's: eps (the searches' too), is_dynamic=False (torch's flows pass it)
+        # and the distributed ones; no reduce_range/ignore_nonfinite, which the searches would not follow
+        _base.refuse_unknown(owner, {k: v for k, v in kwargs.items() if k not in ("eps", "is_dynamic", "process_group")})
+        if check_bool(kwargs.get("is_dynamic", False), "is_dynamic"):
+            raise UnsupportedConfigError(f"is_dynamic=True is not supported by {owner} (no dynamic quantization)")
+        options = _base.method_options(owner, self._OPTIONS, percentile=percentile, stride=stride,
+                                       update_interval=update_interval)
         sync = check_bool(sync, "sync") | check_bool(is_sync_quantize, "is_sync_quantize")
         config, per_channel = family.make_config(
-            type(self).__name__, self._METHOD, dtype=to_core_dtype(dtype), qscheme=to_core_qscheme(qscheme),
-            quant_min=quant_min, quant_max=quant_max, ch_axis=ch_axis, averaging_constant=averaging_constant,
-            bins=bins, percentile=percentile, stride=stride, update_interval=update_interval,
+            owner, self._METHOD, dtype=to_core_dtype(dtype), qscheme=to_core_qscheme(qscheme), quant_min=quant_min,
+            quant_max=quant_max, ch_axis=ch_axis, averaging_constant=averaging_constant, bins=bins, **options,
         )
         super().__init__(
             dtype=dtype, qscheme=qscheme, quant_min=quant_min, quant_max=quant_max, factory_kwargs=factory_kwargs,
@@ -159,7 +167,8 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-        self._set_search_eps(float(self.eps.reshape(-1)[0]))  # a loaded eps reaches the searches
+        if not self.eps.is_meta:  # (a meta observer holds no values: torch's load into it copies nothing)
+            self._set_search_eps(float(self.eps.reshape(-1)[0]))  # a loaded eps reaches the searches
 
     def reset_min_max_vals(self):
         """Forget the averaged range (per channel, the channel count too)."""

@@ -412,6 +412,7 @@ class _AccumulatedSearch(_QuarkMinMax, KLObserver):
 
     _SEARCH = ""
     _BINS = 2048
+    _OPTIONS = ("update_interval", "percentile")  # KLObserver's accumulator, searched by percentile or MSE
 
     def __init__(self, qspec: Any, device: Any = None, *, percentile: float = 99.99) -> None:
         owner = type(self).__name__

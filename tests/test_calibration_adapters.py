@@ -655,7 +655,31 @@ BAD_ARGUMENTS = [
     ("KLObserver", dict(quant_min=1, quant_max=127), ValueError, "must include 0"),
     ("MSEObserver", dict(is_sync_quantize="yes"), TypeError, "is_sync_quantize must be a bool"),
     ("PercentileObserver", dict(is_sync_quantize=1), TypeError, "is_sync_quantize must be a bool"),
+    # another class's keyword: not in Horizon's signature, and it was silently ignored (every backend)
+    ("KLObserver", dict(percentile=99.0), TypeError, "KLObserver.. got an unexpected keyword argument 'percentile'"),
+    ("KLObserver", dict(stride=2), TypeError, "KLObserver.. got an unexpected keyword argument 'stride'"),
+    ("MSEObserver", dict(percentile=99.0), TypeError, "MSEObserver.. got an unexpected keyword argument 'percentile'"),
+    ("MSEObserver", dict(update_interval=2), TypeError, "unexpected keyword argument 'update_interval'"),
+    ("PercentileObserver", dict(stride=2), TypeError, "PercentileObserver.. got an unexpected keyword argument 'stride'"),
+    ("PercentileObserver", dict(update_interval=2), TypeError, "unexpected keyword argument 'update_interval'"),
+    ("MixObserver", dict(update_interval=2), TypeError, "MixObserver.. got an unexpected keyword argument"),
+    # torch's base arguments the searches would not follow (torch took them: ignore_nonfinite=False was ignored)
+    ("KLObserver", dict(ignore_nonfinite=False), TypeError, "unexpected keyword argument 'ignore_nonfinite'"),
+    ("MSEObserver", dict(reduce_range=True), TypeError, "unexpected keyword argument 'reduce_range'"),
 ]
+
+
+def test_torch_takes_is_dynamic_false_as_torchs_flows_pass_it():
+    """torch's FakeQuantize and torchao's prepare_pt2e pass ``is_dynamic``: False is taken, True refused naming it
+    (it reached torch's base, whose flag makes a convert quantize dynamically); the array observers take neither."""
+    assert tobs.KLObserver(is_dynamic=False).is_dynamic is False
+    for name in ("KLObserver", "MixObserver"):
+        with pytest.raises(NotImplementedError, match=f"is_dynamic=True is not supported by {name}"):
+            getattr(tobs, name)(is_dynamic=True)
+        with pytest.raises(TypeError, match="is_dynamic must be a bool"):
+            getattr(tobs, name)(is_dynamic=1)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'is_dynamic'"):
+            make(make_backend("numpy"), name, is_dynamic=False)
 
 
 @pytest.mark.parametrize("cls_name, kwargs, error, match", BAD_ARGUMENTS)

@@ -341,3 +341,24 @@ def test_observers_build_on_the_meta_device(name):
     assert all(_same(got[k], want[k]) for k in want)
     for g, w in zip(ours.calculate_qparams(), checkpoint.calculate_qparams()):
         assert _same(g, w)
+
+
+@pytest.mark.parametrize("name", ["KLObserver", "MSEObserver", "PercentileObserver", "MixObserver"])
+def test_calibration_observers_load_on_the_meta_device(name):
+    """A checkpoint loaded into a calibration observer built on the meta device: without ``assign`` the buffers
+    stay meta, as torch.ao's observers' do (it raised ``Tensor.item() cannot be called on meta tensors``, reading
+    the loaded ``eps``); with ``assign=True`` the observer goes on as the checkpoint's."""
+    checkpoint = getattr(ot, name)()
+    first, second, _ = _batches(3)
+    checkpoint(first)
+    with torch.device("meta"):
+        stays, assigned = getattr(ot, name)(), getattr(ot, name)()
+    stays.load_state_dict(checkpoint.state_dict())
+    assert all(v.is_meta for v in stays.state_dict().values())
+    assigned.load_state_dict(checkpoint.state_dict(), assign=True)
+    for obs in (assigned, checkpoint):
+        obs(second)
+    got, want = assigned.state_dict(), checkpoint.state_dict()
+    assert all(_same(got[k], want[k]) for k in want)
+    for g, w in zip(assigned.calculate_qparams(), checkpoint.calculate_qparams()):
+        assert _same(g, w)
