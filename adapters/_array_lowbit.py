@@ -119,8 +119,8 @@ class LowBitSteps(ObserveLoop):
     def fake_quantize(self, x: Array) -> Array:
         """Quantize-dequantize ``x`` with :meth:`calculate_qparams` (``x`` must fit the statistics'
         shape); see :func:`observers_core.lowbit_fake_quantize`. Output dtype: ``x``'s floating dtype
-        (float32 for integers; NumPy's ml_dtypes bfloat16/float8 included, computed as torch and JAX
-        compute theirs)."""
+        (float32 for integers; NumPy's ml_dtypes bfloat16/float8 included, computed as JAX computes them and
+        torch its bfloat16; the torch observers return float32 for float8 inputs, README "Exactness notes")."""
         state = self._read_state()
         checked = self._check_input(x)
         if state is None:
