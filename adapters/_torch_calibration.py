@@ -114,6 +114,7 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
         self._PER_CHANNEL = per_channel  # per instance: Horizon chooses by ch_axis
         self.ch_axis = int(ch_axis)
         self.last_choice: torch.Tensor | None = None
+        self.ignore_nonfinite = True  # the searches always skip NaN/Inf (not an argument: Horizon's signature)
         factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
         if per_channel:
             self.register_buffer("min_val", torch.tensor([], **factory_kwargs))

@@ -669,6 +669,23 @@ BAD_ARGUMENTS = [
 ]
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_calibration_observers_say_they_skip_nonfinite_values(backend):
+    """``ignore_nonfinite`` is ``True`` on the four classes, which always skip NaN/Inf (it read ``False``, the
+    base's default): a NaN/Inf batch leaves the range of the finite values."""
+    be = make_backend(backend)
+    finite = np.random.default_rng(5).standard_normal((4, 64)).astype(np.float32)
+    with_nonfinite = finite.copy()
+    with_nonfinite[:, :3] = [np.nan, np.inf, -np.inf]
+    for name in ("KLObserver", "MSEObserver", "PercentileObserver", "MixObserver"):
+        obs, reference = make(be, name), make(be, name)
+        assert obs.ignore_nonfinite is True, name
+        obs(be.asarray(with_nonfinite))
+        reference(be.asarray(finite[:, 3:]))
+        for got, want in zip(stats(obs), stats(reference)):
+            np.testing.assert_array_equal(got, want, err_msg=name)
+
+
 def test_torch_takes_is_dynamic_false_as_torchs_flows_pass_it():
     """torch's FakeQuantize and torchao's prepare_pt2e pass ``is_dynamic``: False is taken, True refused naming it
     (it reached torch's base, whose flag makes a convert quantize dynamically); the array observers take neither."""
