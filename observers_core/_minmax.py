@@ -31,7 +31,7 @@ from ._namespace import (
     size,
 )
 from ._qparams import QParams, calculate_qparams
-from ._validate import INF, check_bool
+from ._validate import INF, check_bool, check_int
 
 __all__ = [
     "MinMaxState",
@@ -161,10 +161,14 @@ def minmax_init(
     """An empty state: ``+inf``/``-inf``, 0-d, or ``(num_channels,)`` per channel (float32 by default; ``dtype``
     must be a real floating dtype, which holds the infinities)."""
     xp = namespace_of(xp)
-    shape = () if num_channels is None else (int(num_channels),)
+    shape = () if num_channels is None else (check_int(num_channels, "num_channels", minimum=0),)
     dtype = xp.float32 if dtype is None else dtype
-    if not xp.isdtype(dtype, "real floating"):
-        raise TypeError(f"dtype must be a real floating dtype (the state holds +inf/-inf), got {dtype}")
+    try:
+        real = xp.isdtype(dtype, "real floating")
+    except (TypeError, ValueError, AttributeError):  # not a dtype of this namespace
+        real = False
+    if not real:
+        raise TypeError(f"dtype must be a real floating dtype (the state holds +inf/-inf), got {dtype!r}")
     return MinMaxState(
         xp.full(shape, INF, dtype=dtype, device=device), xp.full(shape, -INF, dtype=dtype, device=device)
     )
@@ -293,10 +297,19 @@ def moving_average_update(
     return MinMaxState(new_min, new_max)
 
 
+def _check_mergeable(a: MinMaxState, b: MinMaxState) -> None:
+    """``ValueError`` unless both states hold ranges of one shape (per tensor, or the same channels)."""
+    shapes = [tuple(v.shape) for v in (*a, *b)]
+    if len(set(shapes)) != 1:
+        raise ValueError(f"a and b must hold min_val/max_val of one shape (per tensor, or the same number of "
+                         f"channels), got {shapes[0]}/{shapes[1]} and {shapes[2]}/{shapes[3]}")
+
+
 def minmax_merge(a: MinMaxState, b: MinMaxState, /, *, xp: Any = None) -> MinMaxState:
     """The range of both states: elementwise min of mins and max of maxes (associative, commutative,
     with :func:`minmax_init` as identity), so shards and batches can be combined in any order."""
     xp = array_namespace(a.min_val, b.min_val, xp=xp)
+    _check_mergeable(a, b)
     return MinMaxState(xp.minimum(a.min_val, b.min_val), xp.maximum(a.max_val, b.max_val))
 
 
@@ -305,6 +318,7 @@ def moving_average_merge(a: MinMaxState, b: MinMaxState, /, *, xp: Any = None) -
     number of steps, as a synchronised all-reduce does), with no overflow near the dtype's maximum
     (:func:`~observers_core._namespace.midpoint`); an entry that has seen nothing takes the other's value."""
     xp = array_namespace(a.min_val, b.min_val, xp=xp)
+    _check_mergeable(a, b)
     a_fresh, b_fresh = never_updated(a, xp), never_updated(b, xp)
 
     def mean(u: Array, v: Array) -> Array:

@@ -141,13 +141,17 @@ def to_blocks(x: Array, axis: int, block_size: int, xp: Any, *, pad: bool) -> Ar
     """``x`` viewed as ``x.shape[:axis] + (n_blocks, block_size) + x.shape[axis + 1:]``.
 
     ``block_size=-1`` is one block spanning the axis. With ``pad`` the axis is padded with zeros up to a
-    multiple of ``block_size``; without it a remainder raises ``ValueError``.
+    multiple of ``block_size``; without it a remainder raises ``ValueError``. A ``block_size`` beyond the
+    axis is one block padded with a single zero (the same minimum, maximum and results as any longer zero
+    padding, without allocating ``block_size`` elements).
     """
     n = x.shape[axis]
     if block_size == -1:
         if n == 0:
             raise ValueError(f"x has length 0 along axis {axis}: a whole-axis group would be empty")
         block_size = n
+    if pad and 0 < n < block_size:
+        block_size = n + 1
     rem = n % block_size
     if rem:
         if not pad:

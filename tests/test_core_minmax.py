@@ -496,6 +496,27 @@ def test_ignore_nonfinite_of_the_pure_functions_must_be_a_bool(backend):
                 call(bad)
 
 
+def test_init_and_merge_name_their_arguments(backend):
+    """``minmax_init``'s ``num_channels``/``dtype`` and the merges' state shapes are checked, naming them, the same
+    on every backend (-1 channels gave three backends' own errors, 2.7 was taken as 2, ``dtype=True`` raised
+    AttributeError; merging 4 with 8 channels raised the backend's broadcast error, and a per-tensor state
+    merged with a per-channel one broadcast silently)."""
+    xp, device = backend.xp, backend.device
+    for bad, error, match in ((-1, ValueError, "num_channels=-1 is out of range"), (2.7, TypeError, "num_channels must be an int"),
+                              (True, TypeError, "num_channels must be an int")):
+        with pytest.raises(error, match=match):
+            oc.minmax_init(num_channels=bad, device=device, xp=xp)
+    for bad in (True, [1], xp.int32):
+        with pytest.raises(TypeError, match="dtype must be a real floating dtype"):
+            oc.minmax_init(dtype=bad, device=device, xp=xp)
+    four, eight, tensor = (oc.minmax_init(num_channels=c, device=device, xp=xp) for c in (4, 8, None))
+    for merge in (oc.minmax_merge, oc.moving_average_merge):
+        for a, b in ((four, eight), (tensor, four), (four, tensor)):
+            with pytest.raises(ValueError, match="a and b must hold min_val/max_val of one shape"):
+                merge(a, b)
+        assert tuple(merge(four, four).min_val.shape) == (4,)
+
+
 def test_aminmax_per_channel_any_axis(xp):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)

@@ -363,6 +363,26 @@ def test_mx_axis_block_size_and_dtypes(backend):
     assert _same(to_numpy(yh), ref.mx_fake_quantize(xh, ch, "fp4_e2m1", axis=0, size=16).astype(np.float16))
 
 
+def test_a_block_beyond_the_axis_is_one_block_without_its_padding(backend):
+    """``block_size`` larger than the axis: one block, the results of any zero padding (checked against
+    block size 2n), without allocating ``block_size`` elements (2**31 asked for 8 GiB on NumPy and aborted
+    the JAX interpreter; 10**8 took ~30 s in mx_fake_quantize)."""
+    x = np.random.default_rng(9).standard_normal((3, 8)).astype(np.float32) * 4
+    x[0] = np.abs(x[0]) + 1  # a block whose minimum is the padding's zero
+    for huge in (2**31, 2**62):
+        for fn in (oc.block_aminmax, lambda a, **kw: oc.block_aminmax(a, ignore_nonfinite=True, **kw)):
+            got, want = (call(backend, fn, x, block_size=size) for size in (huge, 16))
+            for g, w in zip(got, want):
+                assert _same(to_numpy(g), to_numpy(w))
+        lo, hi = call(backend, oc.block_aminmax, x, block_size=16)
+        code = oc.mx_scale(np.maximum(-to_numpy(lo), to_numpy(hi))).exponent
+        got, want = (to_numpy(call(backend, oc.mx_fake_quantize, x, code, block_size=size)) for size in (huge, 16))
+        assert _same(got, want)
+        bfp = oc.bfp_scale(to_numpy(lo), to_numpy(hi)).exponent
+        got, want = (to_numpy(call(backend, oc.bfp_fake_quantize, x, bfp, block_size=size)) for size in (huge, 16))
+        assert _same(got, want)
+
+
 def test_mx_bfloat16_torch():
     """bfloat16 input (torch): same codes as its float32 upcast, output bfloat16."""
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16) * 100
