@@ -36,6 +36,7 @@ from ._mx import (
     blocked_aminmax,
     check_block_size,
     check_rounding,
+    check_same_shape,
     compute_dtype,
     e8m0_to_float,
     from_blocks,
@@ -196,6 +197,7 @@ def group_qparams(
     xp = array_namespace(min_val, max_val, xp=xp)
     check_real(min_val, xp, name="min_val")
     check_real(max_val, xp, name="max_val")
+    check_same_shape(min_val, max_val)
     with discarded_invalid(xp, over="ignore", divide="ignore"):  # NaN/inf scales are results, silently
         qmin, qmax = _int_range(dtype)
         dtype_f = compute_dtype(min_val, xp)

@@ -119,6 +119,13 @@ def check_rounding(rounding: str) -> str:
     return rounding
 
 
+def check_same_shape(min_val: Array, max_val: Array) -> None:
+    """``ValueError`` unless ``min_val`` and ``max_val`` (one range per block or group) have one shape."""
+    if tuple(min_val.shape) != tuple(max_val.shape):
+        raise ValueError(f"min_val and max_val must have one shape (one range per block or group), got "
+                         f"{tuple(min_val.shape)} and {tuple(max_val.shape)}")
+
+
 def check_block_size(block_size: int, *, name: str = "block_size", allow_whole: bool = False) -> int:
     """``block_size`` as a positive int (or -1, "the whole axis", when ``allow_whole``)."""
     if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
@@ -310,9 +317,16 @@ def _biased_code(e: Array, nan: Array, xp: Any) -> Array:
     return xp.astype(xp.where(nan, xp.full_like(code, E8M0_NAN), code), xp.uint8)
 
 
+def _check_codes(code: Array, xp: Any, name: str) -> None:
+    """``TypeError`` unless ``code`` holds uint8 E8M0 codes (every value a code: 0..254, 255 NaN)."""
+    if code.dtype != xp.uint8:
+        raise TypeError(f"{name} must hold uint8 E8M0 codes (the exponent of mx_scale/bfp_scale), got dtype {code.dtype}")
+
+
 def e8m0_to_float(code: Array, /, *, xp: Any = None) -> Array:
     """``2**(c - 127)`` as float32 for uint8 codes ``c`` (NaN for 255), from an exact table."""
     xp = array_namespace(code, xp=xp)
+    _check_codes(code, xp, "code")
     table = xp.concat(
         [_pow2_table(-127, 127, xp.float32, device_of(code), xp), xp.full((1,), math.nan, dtype=xp.float32, device=device_of(code))]
     )
@@ -364,6 +378,7 @@ def _block_fake_quantize(
     ``e = code - 127``; code 255 makes the block NaN. Computed in float32 (float64 stays float64), rounded
     once to ``x``'s floating dtype (a NumPy ml_dtypes bfloat16/float8 array's too; integers: float32)."""
     extension = checked_real(x, xp)
+    _check_codes(code, xp, "exponent")
     axis = normalize_axis(axis, x.ndim)
     block_size = check_block_size(block_size)
     out_dtype = x.dtype if extension or xp.isdtype(x.dtype, "real floating") else xp.float32
@@ -435,6 +450,7 @@ def bfp_scale(min_val: Array, max_val: Array, /, *, xp: Any = None) -> BlockScal
     xp = array_namespace(min_val, max_val, xp=xp)
     check_real(min_val, xp, name="min_val")
     check_real(max_val, xp, name="max_val")
+    check_same_shape(min_val, max_val)
     dtype = compute_dtype(min_val, xp)
     lo, hi = xp.astype(min_val, dtype), xp.astype(max_val, dtype)
     empty = lo > hi

@@ -383,6 +383,23 @@ def test_a_block_beyond_the_axis_is_one_block_without_its_padding(backend):
         assert _same(got, want)
 
 
+def test_codes_and_ranges_of_another_kind_are_named(backend):
+    """The fake quantizers and ``e8m0_to_float`` take uint8 E8M0 codes only (an int64 -5 or 300, or a NaN code,
+    raised IndexError on NumPy/torch and gave other values on JAX); ``group_qparams``/``bfp_scale`` take one
+    range shape (min (4, 2) with max (4, 3) raised the backend's broadcast error)."""
+    x = backend.asarray(np.ones((4, 32), np.float32))
+    for code in (np.full((4, 1), -5), np.full((4, 1), 300), np.full((4, 1), np.nan, np.float32)):
+        for fn in (lambda c: oc.mx_fake_quantize(x, c), lambda c: oc.bfp_fake_quantize(x, c, block_size=32)):
+            with pytest.raises(TypeError, match="exponent must hold uint8 E8M0 codes"):
+                fn(backend.asarray(code))
+        with pytest.raises(TypeError, match="code must hold uint8 E8M0 codes"):
+            oc.e8m0_to_float(backend.asarray(code))
+    lo, hi = backend.asarray(np.zeros((4, 2), np.float32)), backend.asarray(np.ones((4, 3), np.float32))
+    for fn in (oc.group_qparams, oc.bfp_scale):
+        with pytest.raises(ValueError, match=r"min_val and max_val must have one shape .* \(4, 2\) and \(4, 3\)"):
+            fn(lo, hi)
+
+
 def test_mx_bfloat16_torch():
     """bfloat16 input (torch): same codes as its float32 upcast, output bfloat16."""
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16) * 100
