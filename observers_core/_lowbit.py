@@ -46,7 +46,8 @@ from ._mx import (
     to_blocks,
 )
 from ._namespace import (
-    array_namespace, check_real, device_of, discarded_invalid, divide_by_constant, normalize_axis, scalar_like,
+    array_namespace, check_broadcasts, check_real, device_of, discarded_invalid, divide_by_constant, normalize_axis,
+    scalar_like, size,
 )
 from ._qparams import QParams
 from ._quantize import checked_real, fake_quantize
@@ -149,10 +150,17 @@ def group_aminmax(
 
 
 def _apply(x: Array, params: tuple[Array, ...], axis: int | None, group_size: int | None, fn: Any, xp: Any) -> Array:
-    """``fn(x', *params')`` with each param broadcast over its tensor / channel / group of ``x``."""
+    """``fn(x', *params')`` with each param (``(scale,)`` or ``(scale, zero_point)``) broadcast over its tensor /
+    channel / group of ``x``."""
+    named = dict(zip(("scale", "zero_point"), params))
     if axis is None:
+        check_broadcasts(x.shape, **named)
         return fn(x, *params)
     if group_size is None:
+        for name, p in named.items():
+            if size(p) != x.shape[axis]:
+                raise ValueError(f"{name} has shape {tuple(p.shape)} but x needs one value per channel along axis "
+                                 f"{axis} ({x.shape[axis]})")
         shape = tuple(x.shape[axis] if i == axis else 1 for i in range(x.ndim))
         return fn(x, *(xp.reshape(p, shape) for p in params))
     xb = to_blocks(x, axis, group_size, xp, pad=False)

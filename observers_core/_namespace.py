@@ -127,6 +127,16 @@ def check_real(x: Array, xp: Any, *, name: str = "x") -> None:
         raise TypeError(f"{name} must hold real floating or integer values, got dtype {x.dtype}")
 
 
+def check_broadcasts(shape: Any, **arrays: Array) -> None:
+    """``ValueError`` naming the first of ``arrays`` whose shape does not broadcast against ``shape`` (``x``'s),
+    instead of the backend's own error, which names neither."""
+    for name, a in arrays.items():
+        own = tuple(getattr(a, "shape", ()))
+        if len(own) > 1 or (own and own[0] != 1):  # (a scalar or a single value broadcasts against anything)
+            if any(m != n and m != 1 and n != 1 for m, n in zip(reversed(own), reversed(tuple(shape)))):
+                raise ValueError(f"{name} has shape {own}, which does not broadcast against x's shape {tuple(shape)}")
+
+
 def on_host(x: Array, xp: Any) -> bool:
     """Whether ``x`` is an eager array in host memory (NumPy, torch CPU), where a data-dependent branch
     costs nothing and saves computing the branches not taken."""

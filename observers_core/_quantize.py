@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from ._namespace import (
-    array_namespace, check_real, device_of, discarded_invalid, is_jax_namespace, is_numpy_namespace, is_traced,
-    normalize_axis, rounded, size, work_dtype,
+    array_namespace, check_broadcasts, check_real, device_of, discarded_invalid, is_jax_namespace, is_numpy_namespace,
+    is_traced, normalize_axis, rounded, size, work_dtype,
 )
 from ._state_dict import EXTENSION_FLOATS
 
@@ -101,6 +101,8 @@ def fake_quantize(
                                  f"got shape {tuple(value.shape)}")
         scale = xp.reshape(scale, tuple(shape))
         zero_point = xp.reshape(zero_point, tuple(shape))
+    else:
+        check_broadcasts(x.shape, scale=scale, zero_point=zero_point)
     lo, hi = float(quant_min), float(quant_max)
     # NaN/Inf inputs or scales (inf * 0): results; for ml_dtypes floats also saturation and a scale that
     # underflows the dtype (float8: every-day cases)

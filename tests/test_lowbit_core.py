@@ -400,6 +400,25 @@ def test_codes_and_ranges_of_another_kind_are_named(backend):
             fn(lo, hi)
 
 
+def test_qparams_that_do_not_fit_x_are_named(backend):
+    """A scale (or zero point) that does not broadcast against ``x`` per tensor, or does not hold one value per
+    channel: a ``ValueError`` naming it (the backends' own broadcast/reshape errors before; torch's a
+    RuntimeError)."""
+    x = backend.asarray(np.ones((4, 8), np.float32))
+    three, two = backend.asarray(np.ones(3, np.float32)), backend.asarray(np.full(2, 0.1, np.float32))
+    zp2 = backend.asarray(np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match=r"scale has shape \(2,\), which does not broadcast against x's shape \(4, 8\)"):
+        oc.fake_quantize(x, two, zp2, quant_min=0, quant_max=255)
+    with pytest.raises(ValueError, match=r"scale has shape \(3,\), which does not broadcast"):
+        oc.fp8_fake_quantize(x, three)
+    with pytest.raises(ValueError, match=r"scale has shape \(3,\) but x needs one value per channel along axis 0 \(4\)"):
+        oc.fp8_fake_quantize(x, three, axis=0)
+    with pytest.raises(ValueError, match=r"scale has shape \(2,\) but x needs one value per channel along axis 1 \(8\)"):
+        oc.group_fake_quantize(x, two, zp2, dtype="int4", axis=1)
+    assert tuple(oc.fake_quantize(x, backend.asarray(np.full((4, 1), 0.1, np.float32)),
+                                  backend.asarray(np.zeros((4, 1), np.int32)), quant_min=0, quant_max=255).shape) == (4, 8)
+
+
 def test_mx_bfloat16_torch():
     """bfloat16 input (torch): same codes as its float32 upcast, output bfloat16."""
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16) * 100
