@@ -187,10 +187,10 @@ class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
             **options,
         )
         self._PER_CHANNEL = per_channel  # per instance: Horizon chooses by ch_axis
-        super().__init__(dtype, qscheme, False, quant_min, quant_max, factory_kwargs, xp=xp)
+        # ignore_nonfinite: the searches always skip NaN/Inf (not an argument: Horizon's signature)
+        super().__init__(dtype, qscheme, False, quant_min, quant_max, factory_kwargs, ignore_nonfinite=True, xp=xp)
         self.ch_axis = int(ch_axis)
         self.is_sync_quantize = False
-        self.ignore_nonfinite = True  # the searches always skip NaN/Inf (not an argument: Horizon's signature)
         self._averaging_constant = config.averaging_constant
         self._config = config
         self.last_choice: Array | None = None

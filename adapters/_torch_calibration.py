@@ -104,9 +104,9 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
             owner, self._METHOD, dtype=to_core_dtype(dtype), qscheme=to_core_qscheme(qscheme), quant_min=quant_min,
             quant_max=quant_max, ch_axis=ch_axis, averaging_constant=averaging_constant, bins=bins, **options,
         )
-        super().__init__(
+        super().__init__(  # ignore_nonfinite: the searches always skip NaN/Inf (not an argument: Horizon's signature)
             dtype=dtype, qscheme=qscheme, quant_min=quant_min, quant_max=quant_max, factory_kwargs=factory_kwargs,
-            sync=sync, **kwargs,
+            ignore_nonfinite=True, sync=sync, **kwargs,
         )
         self.config = config
         if "eps" in kwargs:  # (torch's base takes it; Horizon's signature does not)
@@ -114,7 +114,6 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
         self._PER_CHANNEL = per_channel  # per instance: Horizon chooses by ch_axis
         self.ch_axis = int(ch_axis)
         self.last_choice: torch.Tensor | None = None
-        self.ignore_nonfinite = True  # the searches always skip NaN/Inf (not an argument: Horizon's signature)
         factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
         if per_channel:
             self.register_buffer("min_val", torch.tensor([], **factory_kwargs))

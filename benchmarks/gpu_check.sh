@@ -10,7 +10,7 @@
 # the second column below) with its log in LOG_DIR/<step>.log and its exit status in LOG_DIR/summary.txt:
 # every test with a GPU backend (torch-cuda, jax-gpu, cupy ids and the CUDA-only tests), the host-sync
 # report, the GPU benchmark and the per-batch and whole-model calibration benchmark on CUDA.
-# The tests step took about 335 s with 12 workers on an H200 (2026-11-28: 1015 cases).
+# The tests step ran past 330 s with 12 workers on an H200 (2026-11-28: 1015 cases), hence its 420 s limit.
 # STEPS (default: all four) picks steps by name, e.g. STEPS="tests sync_report"; PYTEST_ARGS adds pytest
 # arguments to the tests step (e.g. a file to rerun).
 set -u -o pipefail

@@ -46,8 +46,8 @@ from ._mx import (
     to_blocks,
 )
 from ._namespace import (
-    array_namespace, check_broadcasts, check_real, device_of, discarded_invalid, divide_by_constant, normalize_axis,
-    scalar_like, size,
+    along_axis, array_namespace, check_broadcasts, check_real, device_of, discarded_invalid, divide_by_constant,
+    normalize_axis, scalar_like,
 )
 from ._qparams import QParams
 from ._quantize import checked_real, fake_quantize
@@ -157,12 +157,7 @@ def _apply(x: Array, params: tuple[Array, ...], axis: int | None, group_size: in
         check_broadcasts(x.shape, **named)
         return fn(x, *params)
     if group_size is None:
-        for name, p in named.items():
-            if size(p) != x.shape[axis]:
-                raise ValueError(f"{name} has shape {tuple(p.shape)} but x needs one value per channel along axis "
-                                 f"{axis} ({x.shape[axis]})")
-        shape = tuple(x.shape[axis] if i == axis else 1 for i in range(x.ndim))
-        return fn(x, *(xp.reshape(p, shape) for p in params))
+        return fn(x, *along_axis(x.shape, axis, xp, **named))
     xb = to_blocks(x, axis, group_size, xp, pad=False)
     expected = xb.shape[: axis + 1] + xb.shape[axis + 2 :]
     for p in params:

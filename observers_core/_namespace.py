@@ -137,6 +137,17 @@ def check_broadcasts(shape: Any, **arrays: Array) -> None:
                 raise ValueError(f"{name} has shape {own}, which does not broadcast against x's shape {tuple(shape)}")
 
 
+def along_axis(shape: Any, axis: int, xp: Any, **arrays: Array) -> list:
+    """``arrays`` (one value per channel of an ``x`` of ``shape`` along the normalised ``axis``) reshaped to
+    broadcast against ``x`` there; ``ValueError`` naming the first that does not hold one value per channel."""
+    n = shape[axis]
+    for name, a in arrays.items():
+        if size(a) != n:
+            raise ValueError(f"{name} must hold one value per channel along axis={axis} ({n}), got shape {tuple(a.shape)}")
+    target = tuple(n if i == axis else 1 for i in range(len(shape)))
+    return [xp.reshape(a, target) for a in arrays.values()]
+
+
 def on_host(x: Array, xp: Any) -> bool:
     """Whether ``x`` is an eager array in host memory (NumPy, torch CPU), where a data-dependent branch
     costs nothing and saves computing the branches not taken."""

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 
 from ._namespace import (
-    array_namespace, check_broadcasts, check_real, device_of, discarded_invalid, is_jax_namespace, is_numpy_namespace,
-    is_traced, normalize_axis, rounded, size, work_dtype,
+    along_axis, array_namespace, check_broadcasts, check_real, device_of, discarded_invalid, is_jax_namespace,
+    is_numpy_namespace, is_traced, normalize_axis, rounded, work_dtype,
 )
 from ._state_dict import EXTENSION_FLOATS
 
@@ -92,15 +92,7 @@ def fake_quantize(
     float_zero_point = xp.isdtype(zero_point.dtype, "real floating")
     zero_point = xp.astype(zero_point, x.dtype)
     if axis is not None:
-        axis = normalize_axis(axis, x.ndim)
-        shape = [1] * x.ndim
-        shape[axis] = x.shape[axis]
-        for name, value in (("scale", scale), ("zero_point", zero_point)):
-            if size(value) != x.shape[axis]:
-                raise ValueError(f"{name} must hold one value per channel along axis={axis} ({x.shape[axis]}), "
-                                 f"got shape {tuple(value.shape)}")
-        scale = xp.reshape(scale, tuple(shape))
-        zero_point = xp.reshape(zero_point, tuple(shape))
+        scale, zero_point = along_axis(x.shape, normalize_axis(axis, x.ndim), xp, scale=scale, zero_point=zero_point)
     else:
         check_broadcasts(x.shape, scale=scale, zero_point=zero_point)
     lo, hi = float(quant_min), float(quant_max)

@@ -411,9 +411,9 @@ def test_qparams_that_do_not_fit_x_are_named(backend):
         oc.fake_quantize(x, two, zp2, quant_min=0, quant_max=255)
     with pytest.raises(ValueError, match=r"scale has shape \(3,\), which does not broadcast"):
         oc.fp8_fake_quantize(x, three)
-    with pytest.raises(ValueError, match=r"scale has shape \(3,\) but x needs one value per channel along axis 0 \(4\)"):
+    with pytest.raises(ValueError, match=r"scale must hold one value per channel along axis=0 \(4\), got shape \(3,\)"):
         oc.fp8_fake_quantize(x, three, axis=0)
-    with pytest.raises(ValueError, match=r"scale has shape \(2,\) but x needs one value per channel along axis 1 \(8\)"):
+    with pytest.raises(ValueError, match=r"scale must hold one value per channel along axis=1 \(8\), got shape \(2,\)"):
         oc.group_fake_quantize(x, two, zp2, dtype="int4", axis=1)
     assert tuple(oc.fake_quantize(x, backend.asarray(np.full((4, 1), 0.1, np.float32)),
                                   backend.asarray(np.zeros((4, 1), np.int32)), quant_min=0, quant_max=255).shape) == (4, 8)
