@@ -25,9 +25,9 @@ def _fenced_lines(text: str, language: str) -> list[str]:
 
 
 def _ci_commands() -> list[str]:
-    """The lines of .ci/run that run something (comments, `set` and `cd` aside)."""
+    """The lines of .ci/run that install the project or run the tests."""
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
-    return [line for line in lines if line and not line.startswith(("#", "set ", "cd "))]
+    return [line for line in lines if not line.startswith("#") and ("pytest" in line or "pip install" in line)]
 
 
 def test_set_up_commands_are_the_report_the_tests_and_the_slow_tests():
@@ -41,7 +41,7 @@ def test_ci_runs_what_the_readme_shows():
     shown = _fenced_lines(README, "bash")
     not_shown = [line for line in ci if line not in shown]
     assert not not_shown, f".ci/run runs commands README.md does not show: {not_shown}"
-    if re.search(r"^\s*\"slow\b", (ROOT / "pyproject.toml").read_text(), re.M):  # the marker is declared
+    if re.search(r"[\"']slow\s*:", (ROOT / "pyproject.toml").read_text()):  # the slow marker is declared
         assert SLOW in ci, f"pyproject.toml declares the slow marker, so .ci/run must also run: {SLOW}"
 
 
