@@ -156,7 +156,7 @@ def _canonical(a: np.ndarray, *, state: bool) -> np.ndarray:
         a = a.copy()
         a[np.isnan(a)] = np.nan  # one NaN payload
         if state:
-            a[a == 0] = 0.0  # the sign of a zero min/max depends on the reduction order (README "Exactness notes")
+            a[a == 0] = 0.0  # the sign of a zero min/max depends on the reduction order (docs/exactness.md)
     return a
 
 

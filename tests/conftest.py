@@ -122,7 +122,7 @@ def to_numpy(a) -> np.ndarray:
     return np.asarray(a)
 
 
-#: GPU backends. Their float32 arithmetic differs from the CPU's in the ways README.md "GPU arithmetic"
+#: GPU backends. Their float32 arithmetic differs from the CPU's in the ways docs/gpu.md "GPU arithmetic"
 #: lists: torch's CUDA kernels divide by a Python scalar as a multiplication by its float32 reciprocal,
 #: XLA on GPU divides with PTX ``div.full.f32`` (at most 2 ulp off, not correctly rounded), CuPy flushes
 #: float32 subnormals to zero, and sums made with atomic adds (a histogram's re-binned parts) come in
@@ -160,7 +160,7 @@ def ulp_distance(a, b) -> np.ndarray:
 
 
 def assert_same_on_device(actual, expected, backend_name: str, what: str = "", *, ulps: int = GPU_DIVISION_ULPS) -> None:
-    """Bit for bit (NaN equals NaN) on CPU backends. On a GPU backend (README.md "GPU arithmetic"):
+    """Bit for bit (NaN equals NaN) on CPU backends. On a GPU backend (docs/gpu.md "GPU arithmetic"):
     subnormals compared as zeros where the backend flushes them, and each value within ``ulps`` ulp of
     the CPU's."""
     actual, expected = np.asarray(actual), np.asarray(expected)

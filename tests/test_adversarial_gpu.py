@@ -7,7 +7,7 @@ count), an input on the wrong device, ``calculate_qparams``, a state-dict round 
 
 Each step must raise nothing but the documented ``ValueError``/``TypeError``, be accepted or rejected as
 its CPU twin decides, and leave the state bit for bit as it was when it is rejected. The values are the
-other GPU tests' business (README "GPU arithmetic": GPUs round some divisions differently), so a
+other GPU tests' business (docs/gpu.md "GPU arithmetic": GPUs round some divisions differently), so a
 decision that hangs on a rounding (``calculate_qparams`` of a moving average whose range went
 disordered) is not compared. Skipped without a GPU; the CPU backends run these steps in
 ``test_adversarial_stateful.py``. A JAX state goes where its first batch is, so JAX's "wrong device" is

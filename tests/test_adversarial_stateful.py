@@ -387,7 +387,7 @@ class ObserverMachine(RuleBasedStateMachine):
             return f"calculate_qparams raised: {a!r} vs {b!r}"
         for i, (x, y) in enumerate(zip(a, b)):
             # a float zero point (-min / scale) carries the sign of a zero min, in which the backends'
-            # states may differ (README "Exactness notes"): compared as the states are, +0 == -0
+            # states may differ (docs/exactness.md): compared as the states are, +0 == -0
             why = bits_differ(x, y, state=i == 1, ftz=ftz, narrow=narrow)
             if why:
                 return why
@@ -424,7 +424,7 @@ class ObserverMachine(RuleBasedStateMachine):
                 expected_qp = self._qparams_of(ref["min_val"].astype(np.float32), ref["max_val"].astype(np.float32))
             if b == "torch" and self.SPEC.name.startswith("MovingAverage") and _disordered(ref) \
                     and isinstance(qps[b], ValueError):
-                continue  # documented (README, Differences from torch.ao): torch.ao's moving average can leave
+                continue  # documented (docs/torch.md, Differences from torch.ao): torch.ao's moving average can leave
                 # min_val > max_val (overflow, cancellation); torch raises there, numpy gives scale 1
             why = self._qparams_differ(expected_qp, qps[b], ftz=jax, narrow=jax)
             assert why is None, f"{b} calculate_qparams != numpy's: {why}; steps: {self.log}"

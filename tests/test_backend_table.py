@@ -231,7 +231,7 @@ def test_an_empty_batch_is_a_no_op_on_every_backend(name, kwargs):
             np.testing.assert_array_equal(a, b, err_msg=backend)
 
 
-#: The public classes whose torch twin is the generic constructor on torch's base (README "Layout"); the
+#: The public classes whose torch twin is the generic constructor on torch's base (docs/architecture.md); the
 #: others (FixedQParamsObserver, PlaceholderObserver, NoopObserver) subclass torch's own classes.
 DECLARED_ONCE = ["MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelMinMaxObserver",
                  "MovingAveragePerChannelMinMaxObserver", "HistogramObserver", "KLObserver", "MSEObserver",
@@ -269,7 +269,7 @@ REQUIRED = {"FixedQParamsObserver": {"scale": 0.1, "zero_point": 0}}
 #: Odd values for every constructor argument, one argument at a time (the rest at their defaults).
 ODD_VALUES = [None, True, 1.5, -1, 0, 3, "x", 2**40, float("nan")]
 #: Arguments of one framework only: the array observers' ``xp``/``device``; torch takes ``factory_kwargs``.
-#: ``is_sync_quantize=True`` is torch's (torch.distributed sync, README), ``NotImplementedError`` elsewhere.
+#: ``is_sync_quantize=True`` is torch's (torch.distributed sync, docs/distributed.md), ``NotImplementedError`` elsewhere.
 BACKEND_ONLY = {"xp", "device"}
 
 

@@ -3,7 +3,7 @@
 The core functions run on every backend of the ``xp`` fixture; torch's own observers see the same
 batches and are the oracle: min/max bit-for-bit, scale bit-for-bit, zero point equal. On torch CUDA the
 oracle runs on CUDA too (torch rounds some divisions differently there); on JAX GPU and CuPy the scale
-is within ``GPU_DIVISION_ULPS`` and the zero point within one of torch's (README.md "GPU arithmetic").
+is within ``GPU_DIVISION_ULPS`` and the zero point within one of torch's (docs/gpu.md "GPU arithmetic").
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ def test_qparams_of_nan_and_infinite_ranges_are_silent_and_torchs(backend, qsche
 
 
 def test_zero_point_of_a_nan_range_is_the_platforms_as_the_readme_says():
-    """README "Exactness notes": a NaN range's zero point is the platform's NaN-to-integer conversion,
+    """docs/exactness.md: a NaN range's zero point is the platform's NaN-to-integer conversion,
     clamped: qint8 affine 127 on NumPy and torch (torch.ao's), -128 on JAX; quint8 0 everywhere."""
     jnp = pytest.importorskip("jax.numpy")
     nan, one = np.float32(np.nan), np.float32(1.0)
@@ -339,7 +339,7 @@ def test_qparams_of_integer_ranges_are_float32(backend, int_dtype):
     assert to_numpy(scale).dtype == np.float32
     assert_same_on_device(to_numpy(scale), want_scale.numpy(), backend.name, "scale")
     # -3 / scale is the rounding tie -76.5 (scale = 10 / 255), which torch rounds to even (zero point 76).
-    # XLA's GPU division is not correctly rounded (README "GPU arithmetic"): there it may land on either side.
+    # XLA's GPU division is not correctly rounded (docs/gpu.md "GPU arithmetic"): there it may land on either side.
     allowed = [want_zp.item(), want_zp.item() + 1] if backend.name == "jax-gpu" else [want_zp.item()]
     assert to_numpy(zp).tolist() in ([z] for z in allowed), (to_numpy(zp), allowed)
 

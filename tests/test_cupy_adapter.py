@@ -2,7 +2,7 @@
 
 Oracle: the installed ``torch.ao.quantization.observer`` on CPU, fed the same data. CuPy runs each
 array operation as its own kernel (no fused multiply-add, true division), so parity is bit for bit, apart
-from float32 subnormals: CuPy compiles its kernels with -ftz=true, so they compare as zeros (README.md
+from float32 subnormals: CuPy compiles its kernels with -ftz=true, so they compare as zeros (docs/gpu.md
 "GPU arithmetic").
 """
 

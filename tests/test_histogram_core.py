@@ -302,7 +302,7 @@ def _torch_states(batches, bins, upsample_rate=16):
 
 
 def _assert_counts(backend_name, got, expected, what="", *, moves=False, parts=16):
-    """Counts: bit for bit on CPU backends; on GPU backends (README "GPU arithmetic") float counts within
+    """Counts: bit for bit on CPU backends; on GPU backends (docs/gpu.md "GPU arithmetic") float counts within
     ``GPU_DIVISION_ULPS + parts`` ulp (a re-binned count sums ``parts`` = upsample_rate pieces, which a GPU
     adds atomically in any order: one rounding each), and with ``moves`` on jax-gpu each value at most one
     bin from torch's (XLA's ``div.full.f32`` may round a value on a bin edge into the next bin)."""
@@ -315,7 +315,7 @@ def _assert_counts(backend_name, got, expected, what="", *, moves=False, parts=1
 def _assert_scale(backend_name, got, expected, what):
     """qparams' scale comes from two divisions in a row, the search's bin width and the scale itself: bit
     for bit on CPU backends, within ``GPU_DIVISION_ULPS`` ulp on torch-cuda and cupy, and within twice that
-    on jax-gpu, where both are ``div.full.f32`` (README "GPU arithmetic"; 3 ulp seen)."""
+    on jax-gpu, where both are ``div.full.f32`` (docs/gpu.md "GPU arithmetic"; 3 ulp seen)."""
     if backend_name == "jax-gpu":
         far = ulp_distance(got, expected) > 2 * GPU_DIVISION_ULPS
         assert not far.any(), (what, got, expected)
@@ -592,7 +592,7 @@ def _check_search(backend, cases, search):
 
 def _assert_range(backend_name, got, hist, lo, hi, expected):
     """The search's ``(lo + w * start, lo + w * (end + 1))``, ``w = (hi - lo) / bins``: torch's, bit for bit,
-    on CPU backends. On GPU backends ``w`` is a division (README "GPU arithmetic"): torch's bins with a ``w``
+    on CPU backends. On GPU backends ``w`` is a division (docs/gpu.md "GPU arithmetic"): torch's bins with a ``w``
     within ``GPU_DIVISION_ULPS`` ulp of torch's, which is many ulp of the result where ``lo + ...`` cancels."""
     if backend_name not in GPU_BACKENDS:
         assert got == expected, (got, expected)

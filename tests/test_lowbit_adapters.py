@@ -700,7 +700,7 @@ def test_torch_cuda_buffers_and_qparams_match_cpu():
     """``.to("cuda")`` moves the buffers; updates, qparams and fake quantization stay on the GPU and
     equal the core functions on the same CUDA tensors bit for bit; against the CPU observer the
     min/max buffers are equal and the scales within ``GPU_DIVISION_ULPS`` ulp (torch's CUDA kernels
-    divide by a Python number as a multiplication by its reciprocal: README "GPU arithmetic")."""
+    divide by a Python number as a multiplication by its reciprocal: docs/gpu.md "GPU arithmetic")."""
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device here")
     torch_be = _make_backend("torch")

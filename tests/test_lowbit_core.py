@@ -85,7 +85,7 @@ def _same(a, b) -> bool:
     return a.shape == b.shape and bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
 
 
-#: How far, relative, a GPU's quotient can be from the exact one (README "GPU arithmetic"):
+#: How far, relative, a GPU's quotient can be from the exact one (docs/gpu.md "GPU arithmetic"):
 #: GPU_DIVISION_ULPS ulp of its division (an ulp is at most 2**-23 of the value) and one more for the
 #: roundings next to it (of ``1 / s`` and of ``x * (1 / s)``).
 NEAR_TIE = (GPU_DIVISION_ULPS + 1) * 2.0**-23
@@ -270,7 +270,7 @@ def test_mx_exponent_reference(backend, element):
     for rounding, out in zip(ROUNDINGS, outs):
         code = to_numpy(out.exponent)
         assert code.dtype == np.uint8
-        if rounding == "rceil":  # amax / max_normal: a division (GPU: README "GPU arithmetic")
+        if rounding == "rceil":  # amax / max_normal: a division (GPU: docs/gpu.md "GPU arithmetic")
             rceil = functools.partial(rceil_codes, element=element)
             assert_levels_near_ties(code, ref.mx_codes(x, element, rounding), rceil, amax, backend.name, rounding)
         else:
@@ -433,7 +433,7 @@ def test_mx_bfloat16_torch():
 
 def test_mx_subnormal_inputs(backend):
     """Subnormal float32 blocks get code 0 (``X = 2**-127``) and are reproduced where representable
-    (numpy, array_api_strict, torch). Where subnormal operands count as zero (XLA on CPU, CuPy: README
+    (numpy, array_api_strict, torch). Where subnormal operands count as zero (XLA on CPU, CuPy: docs/gpu.md
     "GPU arithmetic") the results are the reference's flushed: here all zeros."""
     x = mx_rows(np.random.default_rng(6), subnormals=True, nonfinite=False)[-2:]
     code = to_numpy(call(backend, mx_pipeline, x).exponent)
@@ -541,7 +541,7 @@ def test_group_pipeline_every_backend(backend, torchao_affine, dtype, symmetric)
     s_t, z_t = torchao_affine["choose"](torch.from_numpy(x), mapping, (16, 1), _TORCH_TARGET[dtype], qmin, qmax,
                                         eps=float(np.finfo(np.float32).eps))
     s, z = to_numpy(qp.scale), to_numpy(qp.zero_point)
-    assert_same_on_device(s, s_t.numpy(), backend.name, "scale")  # GPU: README "GPU arithmetic"
+    assert_same_on_device(s, s_t.numpy(), backend.name, "scale")  # GPU: docs/gpu.md "GPU arithmetic"
     if symmetric:
         np.testing.assert_array_equal(z, z_t.numpy())
     else:  # Q_min - round(m / s): a division
@@ -666,7 +666,7 @@ def test_fp8_reference(backend, dtype):
     s_all = to_numpy(call(backend, oc.fp8_scale, amax_special, dtype=dtype))
     r = (amax_special.astype(np.float64) / oc.FP8_MAX[dtype]).astype(np.float32)  # one correctly rounded division
     r[r == 0] = np.finfo(np.float32).eps
-    assert_same_on_device(s_all[:-3], r[:-3], backend.name, "scale")  # GPU: README "GPU arithmetic"
+    assert_same_on_device(s_all[:-3], r[:-3], backend.name, "scale")  # GPU: docs/gpu.md "GPU arithmetic"
     assert np.isnan(s_all[-3]) and s_all[-2] == np.inf and s_all[-1] == np.float32(np.finfo(np.float32).eps)
     s = s_all[:-3].reshape(6, 4)  # the backend's own scale, fed to the reference
     y = to_numpy(call(backend, oc.fp8_fake_quantize, x, s, dtype=dtype, axis=1, group_size=32))
@@ -808,7 +808,7 @@ def test_dispatch_static_and_dynamic(backend, config):
         def fq(v, _, c):
             return oc.bfp_fake_quantize(v, c)
     s, p = to_numpy(qp[0]), to_numpy(qp[1])
-    assert_same_on_device(s, qd[0], backend.name, "scale")  # GPU: README "GPU arithmetic"
+    assert_same_on_device(s, qd[0], backend.name, "scale")  # GPU: docs/gpu.md "GPU arithmetic"
     if spec.family == "int" and not spec.symmetric:  # Q_min - round(m / s): a division
         assert_levels_near_ties(p, qd[1], lambda m: int_zero_point(m, s, spec.dtype), lo, backend.name, "zero point")
     elif spec.rounding == "rceil":  # amax / max_normal: a division

@@ -46,7 +46,7 @@ def test_moving_average_overflow_is_torchs_and_its_qparams_differ_by_framework(c
     is 0, below ``min_val = 0.125``). ``calculate_qparams`` of that state: torch.ao raises
     ``AssertionError``, our torch observer ``ValueError``; the array observers (numpy, JAX, CuPy) return
     scale 1 and zero point 0 for it, the core's fallback for ``min > max``, since checking would read the
-    device (README, "Differences from torch.ao")."""
+    device (docs/torch.md, "Differences from torch.ao")."""
     torch = pytest.importorskip("torch")
     from torch.ao.quantization import observer as tao
 

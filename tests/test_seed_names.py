@@ -342,7 +342,7 @@ def _one_value_block(value: float, size: int) -> torch.Tensor:
     return x
 
 
-# (observer, Quark mode, block size, value, our _calculate_qparams() scale, Quark 0.13's): the edge cases README.md
+# (observer, Quark mode, block size, value, our _calculate_qparams() scale, Quark 0.13's): the edge cases docs/lowbit.md
 # lists under "Where Quark differs", each where Quark's float32 log2 is off by one or it does not clamp to E8M0.
 BLOCK_EDGES = [
     ("PerBlockMXObserver", "floor", 32, 1e-37, 2.0**-127, 2.0**-131),  # tiny non-zero block (ours was eps)
@@ -359,7 +359,7 @@ BLOCK_EDGES = [
 @pytest.mark.parametrize("name, mode, size, value, expected, quarks", BLOCK_EDGES)
 def test_quark_block_edge_cases(quark, name, mode, size, value, expected, quarks):
     """Ours gives the exact (OCP/E8M0-clamped) scale where Quark 0.13's differs; both enumerated here on the
-    installed Quark, so README's list (values included) stays true."""
+    installed Quark, so docs/lowbit.md's list (values included) stays true."""
     spec = _mx_spec(quark, "fp8_e4m3", mode) if mode else _bfp_spec(quark)
     ours, theirs = _quark_pair(quark, name, spec, torch.finfo(torch.float32).eps)
     _feed([ours, theirs], [_one_value_block(value, size)])

@@ -136,7 +136,7 @@ def test_a_one_element_per_tensor_entry_loads_as_its_value(name, framework):
 @pytest.mark.parametrize("source", list(FRAMEWORKS))
 def test_a_moving_average_that_overflowed_saves_and_loads_everywhere(name, source):
     """torch's ``x + c (t - x)`` overflows float32 for finite ranges of opposite signs beyond 8.5e37 and leaves
-    ``min_val > max_val`` (here ``min_val = +inf`` and a finite ``max_val``; README, Differences from torch.ao).
+    ``min_val > max_val`` (here ``min_val = +inf`` and a finite ``max_val``; docs/torch.md, Differences from torch.ao).
     Every framework's observer reaches that state, as torch.ao's does, and its ``state_dict`` loads into the
     same class of every framework (found by the adversarial machine: the checks refused it as corrupted)."""
     batches = [np.array([[-3.0e38, 1.0], [2.0, 3.0]], np.float32), np.full((2, 2), 3.0e38, np.float32)]
@@ -206,7 +206,7 @@ def test_a_state_dict_missing_or_adding_a_key_changes_nothing(name, kwargs):
             observer.load_state_dict(partial)
         after = observer.state_dict()
         assert all(torch.equal(before[k], after[k]) for k in before), f"missing {missing!r} changed the state"
-    if name == "MovingAveragePerChannelMinMaxObserver":  # (the README row: torch.ao's loads it silently)
+    if name == "MovingAveragePerChannelMinMaxObserver":  # (the docs/torch.md row: torch.ao's loads it silently)
         import torch.ao.quantization.observer as tao
 
         theirs, partial = getattr(tao, name)(**kwargs), other.state_dict()

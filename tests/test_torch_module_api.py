@@ -58,7 +58,7 @@ def test_converted_minmax_observers_equal_torchs(name, conversion):
 
 @pytest.mark.parametrize("conversion", ["half", "bfloat16", "double"])
 def test_converted_histogram_observer_searches_in_float32(conversion):
-    """The deliberate difference (README "Differences from torch.ao"): the buffers convert as torch's, but
+    """The deliberate difference (docs/torch.md "Differences from torch.ao"): the buffers convert as torch's, but
     the search and the qparams stay float32: torch.ao's search of the same converted buffers' values cast
     to float32, bit for bit (torch.ao searches in the buffers' dtype and returns qparams in it)."""
     ours, theirs = ot.HistogramObserver(), tao.HistogramObserver()
@@ -169,7 +169,7 @@ def test_buffers_written_under_inference_mode_keep_working_outside(name, kwargs)
     """Calibration under ``torch.inference_mode()`` makes every tensor it creates an inference tensor, which
     torch forbids updating in place once the mode is off. Whatever step ran inside (forward, reset,
     load_state_dict), the observer goes on outside exactly as a twin that never entered the mode (torch.ao's
-    per-channel observers raise there after a reset: README "Differences from torch.ao")."""
+    per-channel observers raise there after a reset: docs/torch.md "Differences from torch.ao")."""
     first, second, third = _batches(5)
     for inside in ("forward", "reset", "load"):
         for start_outside in (False, True):
