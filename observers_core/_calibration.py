@@ -84,7 +84,7 @@ Array = Any
 _CHUNK_ELEMENTS = 1 << 22
 #: The same bound on an eager GPU (torch CUDA, CuPy), where each chunk costs tens of kernel launches: on an
 #: H200, per-channel MSE forwards of (64, 4096) with 4096 channels took 257 ms at 2**22 and 61 ms at 2**24
-#: (benchmarks/RESULTS.md, "fourth session"); temporaries of up to 2**24 elements each.
+#: (H200, 2026-11-26, commit f04c117: `git log -p benchmarks/RESULTS.md`); temporaries of up to 2**24 elements each.
 _DEVICE_CHUNK_ELEMENTS = 1 << 24
 
 
