@@ -90,10 +90,12 @@ def reduce_aminmax(
 ) -> tuple[Array, Array]:
     """``(min, max)`` of ``x`` over ``axes`` (all when None): the one reduction every statistic uses.
 
-    ``ignore_nonfinite`` skips NaN/+-Inf; otherwise NaN propagates on every backend (XLA:CPU's own
-    min/max reductions drop NaN past 4096 elements, so on JAX it is put back explicitly).
+    ``ignore_nonfinite`` skips NaN/+-Inf; otherwise NaN propagates on every backend. JAX: one variadic
+    reduction (:func:`_jax_aminmax`), a single pass over ``x``.
     """
     masked = ignore_nonfinite and xp.isdtype(x.dtype, "real floating")
+    if is_jax_namespace(xp):
+        return _jax_aminmax(x, axes, masked)
     if is_torch_namespace(xp) and not masked and (axes is None or len(axes) == 1) and size(x) > 0:
         import torch  # only reached when x is a torch tensor
 
@@ -111,11 +113,31 @@ def reduce_aminmax(
         finite = xp.isfinite(x)
         x_lo = xp.where(finite, x, scalar_like(INF, x, xp))
         x_hi = xp.where(finite, x, scalar_like(-INF, x, xp))
-    lo, hi = xp.min(x_lo, axis=axes), xp.max(x_hi, axis=axes)
-    if is_jax_namespace(xp) and not masked and xp.isdtype(x.dtype, "real floating"):
-        nan_seen = xp.any(xp.isnan(x), axis=axes)
-        nan = scalar_like(float("nan"), x, xp)
-        lo, hi = xp.where(nan_seen, nan, lo), xp.where(nan_seen, nan, hi)
+    return xp.min(x_lo, axis=axes), xp.max(x_hi, axis=axes)
+
+
+def _jax_aminmax(x: Array, axes: tuple[int, ...] | None, masked: bool) -> tuple[Array, Array]:
+    """:func:`reduce_aminmax` on JAX as one variadic ``lax.reduce`` of ``(x, x)`` with ``(min, max)``: XLA
+    compiles it, the masking (``masked``: non-finite values to ``+inf``/``-inf``) included, into a single
+    fusion, one pass over ``x``. ``jnp.min`` and ``jnp.max`` were two reductions plus a third for the NaN
+    check: XLA:CPU's own min/max reductions (the YNNPACK fusion) drop NaN past 4096 elements, which the
+    variadic reduction, lowered as a plain loop, does not (``stablehlo.minimum``/``maximum`` propagate NaN,
+    and give ``-0.0``/``+0.0`` for a tie of signed zeros, whatever the order)."""
+    import jax.numpy as jnp  # only reached with JAX arrays
+    from jax import lax
+
+    x = jnp.asarray(x)
+    dims = tuple(range(x.ndim)) if axes is None else tuple(sorted(a % x.ndim for a in axes))
+    if jnp.issubdtype(x.dtype, jnp.floating):
+        low, high = jnp.inf, -jnp.inf
+    else:
+        low, high = jnp.iinfo(x.dtype).max, jnp.iinfo(x.dtype).min
+    x_lo = x_hi = x
+    if masked:
+        finite = jnp.isfinite(x)
+        x_lo, x_hi = jnp.where(finite, x, low), jnp.where(finite, x, high)
+    identity = (jnp.full((), low, x.dtype), jnp.full((), high, x.dtype))
+    lo, hi = lax.reduce((x_lo, x_hi), identity, lambda a, b: (lax.min(a[0], b[0]), lax.max(a[1], b[1])), dims)
     return lo, hi
 
 
