@@ -210,7 +210,9 @@ def quant_spec(
 ) -> QuantSpec:
     """Validate an observer configuration and resolve its integer range, as torch's observers do.
 
-    A custom range is used only when both ``quant_min`` and ``quant_max`` are given (as in torch).
+    A custom range is used only when both ``quant_min`` and ``quant_max`` are given (as in torch). A custom
+    range that ``reduce_range`` halves to one level (``[0, 1]`` -> ``[0, 0]``) is a ``ValueError`` (torch.ao
+    accepts it and returns ``scale = inf``).
     """
     dtype = parse_dtype(dtype)
     qscheme = QScheme.parse(qscheme)
@@ -221,6 +223,12 @@ def quant_spec(
     if has_customized_qrange:
         validate_qmin_qmax(quant_min, quant_max)
     qmin, qmax = calculate_qmin_qmax(quant_min, quant_max, has_customized_qrange, dtype, bool(reduce_range))
+    if qmin == qmax:  # only [0, 1] halved: [0 // 2, 1 // 2] = [0, 0] (torch.ao accepts it, its scale is inf)
+        raise ValueError(
+            f"quant_min={quant_min}, quant_max={quant_max} with reduce_range=True leave one level [{qmin}, {qmax}] "
+            f"(reduce_range halves the range), so the scale would be infinite; widen the range or pass "
+            f"reduce_range=False"
+        )
     spec = QuantSpec(dtype, qscheme, qmin, qmax, has_customized_qrange, eps)
     check_int32_zero_points(spec, f"quant_min={quant_min}, quant_max={quant_max}")
     return spec

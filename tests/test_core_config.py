@@ -49,6 +49,56 @@ def test_affine_range_beyond_int32_is_rejected():
     assert oc.quant_spec("int32", "per_tensor_symmetric", quant_min=0, quant_max=2**32 - 1).quant_max == 2**32 - 1
 
 
+ONE_LEVEL = r"quant_min=0, quant_max=1 with reduce_range=True leave one level \[0, 0\]"
+
+
+@pytest.mark.parametrize("dtype", ["quint8", "qint8", "uint8", "int8", "qint32", "int16", "uint16", "quint4x2"])
+@pytest.mark.parametrize("qscheme", ["per_tensor_affine", "per_tensor_symmetric", "per_channel_affine"])
+def test_range_reduced_to_one_level_is_refused(dtype, qscheme):
+    """torch.ao halves [0, 1] to [0, 0] and returns scale = inf; we refuse it naming the arguments."""
+    assert torch_calculate_qmin_qmax(0, 1, True, getattr(torch, dtype), True) == (0, 0)  # torch's range
+    with pytest.raises(ValueError, match=ONE_LEVEL):
+        oc.quant_spec(dtype, qscheme, reduce_range=True, quant_min=0, quant_max=1)
+    assert (oc.quant_spec(dtype, qscheme, quant_min=0, quant_max=1).quant_max,  # two levels stay accepted
+            oc.quant_spec(dtype, qscheme, reduce_range=True, quant_min=-1, quant_max=0).quant_min,
+            oc.quant_spec(dtype, qscheme, reduce_range=True, quant_min=0, quant_max=2).quant_max) == (1, -1, 1)
+
+
+def _reduce_range_classes():
+    """Every public observer class taking ``reduce_range``, per CPU framework (cupy where it imports)."""
+    import importlib.util
+    import inspect
+
+    from observers_core.adapters import _catalog
+    from observers_core.adapters import jax as jobs
+    from observers_core.adapters import torch as tobs
+
+    modules = [("generic", None), ("torch", tobs), ("jax", jobs)]
+    if importlib.util.find_spec("cupy") is not None:
+        from observers_core.adapters import cupy as cobs
+
+        modules.append(("cupy", cobs))
+    cases = []
+    for generic in _catalog.CLASSES:
+        if "reduce_range" not in inspect.signature(generic).parameters:
+            continue
+        for framework, mod in modules:
+            cls = generic if mod is None else getattr(mod, generic.__name__)
+            cases.append(pytest.param(cls, id=f"{framework}-{generic.__name__}"))
+    return cases
+
+
+@pytest.mark.parametrize("cls", _reduce_range_classes())
+def test_observer_with_range_reduced_to_one_level_is_refused_at_construction(cls):
+    per_channel = "PerChannel" in cls.__name__
+    qscheme = "per_channel_affine" if per_channel else "per_tensor_affine"
+    if cls.__module__.endswith("torch"):
+        qscheme = getattr(torch, qscheme)
+    with pytest.raises(ValueError, match=ONE_LEVEL):
+        cls(quant_min=0, quant_max=1, reduce_range=True, qscheme=qscheme)
+    cls(quant_min=0, quant_max=2, reduce_range=True, qscheme=qscheme)  # [0, 1]: two levels, accepted
+
+
 def test_only_one_bound_given_is_ignored_as_in_torch():
     spec = oc.quant_spec("qint8", quant_min=-10)
     assert (spec.quant_min, spec.quant_max, spec.has_customized_qrange) == (-128, 127, False)

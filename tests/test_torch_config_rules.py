@@ -28,7 +28,7 @@ DTYPES = [torch.quint8, torch.qint8, torch.qint32, torch.quint4x2, torch.quint2x
 QSCHEMES = [torch.per_tensor_affine, torch.per_tensor_symmetric, torch.per_channel_affine,
             torch.per_channel_symmetric, torch.per_channel_affine_float_qparams]  # fmt: skip
 RANGES = [(None, None), (0, 127), (-128, 127), (0, 255), (-64, 63), (0, 15), (-8, 7), (0, 65535), I32,
-          (0, 2**31), (5, 3), (0, 0), (-1, 300), (0, None)]  # fmt: skip
+          (0, 2**31), (5, 3), (0, 0), (-1, 300), (0, None), (0, 1)]  # fmt: skip
 
 
 def _not_float_in(lo, hi):
@@ -44,6 +44,8 @@ MINMAX_DELIBERATE = {
         lambda kw: "eps" in kw and not (isinstance(kw["eps"], float) and 2.0**-126 <= kw["eps"] < math.inf),
     "reduce_range must be a bool (torch takes any truthy value)":
         lambda kw: "reduce_range" in kw and not isinstance(kw["reduce_range"], bool),
+    "a custom range that reduce_range halves to one level ([0, 1] -> [0, 0]; torch gives scale = inf)":
+        lambda kw: kw.get("reduce_range") is True and (kw.get("quant_min"), kw.get("quant_max")) == (0, 1),
     "averaging_constant must be a float in [0, 1] (torch extrapolates outside)":
         lambda kw: "averaging_constant" in kw and (
             _not_float_in(0.0, 1.0)(kw["averaging_constant"]) or math.isnan(kw["averaging_constant"])),
