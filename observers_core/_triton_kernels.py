@@ -21,13 +21,14 @@ import contextlib
 import math
 from typing import Any
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from . import _namespace
 
-__all__ = ["histogram_update"]
+__all__ = ["histogram_update", "launch", "moving_average"]
 
 _INF = float("inf")
 _F32_MAX = 3.4028234663852886e38
@@ -80,7 +81,7 @@ def launch(kernel: Any, grid: tuple, *args: Any, **meta: Any) -> None:
         if on_cpu:
             from triton.runtime.interpreter import InterpretedFunction
 
-            with _interpreting():
+            with _interpreting(), np.errstate(all="ignore"):  # (inf - inf in lanes a where drops)
                 fn = kernel if isinstance(kernel, InterpretedFunction) else _interpreted.get(kernel.fn)
                 if fn is None:
                     fn = _interpreted[kernel.fn] = InterpretedFunction(kernel.fn)
@@ -345,3 +346,42 @@ def histogram_update(hist: torch.Tensor, min_val: torch.Tensor, max_val: torch.T
            programs, counts, rebinned, out, new_min, new_max, nonfinite, IGNORE=bool(ignore_nonfinite),
            PBLOCK=pblock, BLOCK=block)
     return (out, new_min, new_max), nonfinite
+
+
+# ------------------------------------------------------------------------------------------------------
+# MovingAverage(PerChannel)MinMaxObserver.forward: the average in one kernel after torch's aminmax
+
+
+@triton.jit
+def _moving_average_kernel(lo_ptr, hi_ptr, smin_ptr, smax_ptr, c, min_out, max_out, n, KEEP_UNSEEN: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """``_minmax.moving_average_update`` after the batch range: ``min + c * (lo - min)`` (max alike), the
+    batch range where the state is ``(+inf, -inf)``, the state kept where the batch saw nothing finite
+    (``KEEP_UNSEEN``)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    lo = tl.load(lo_ptr + offs, mask=m, other=0.0)
+    hi = tl.load(hi_ptr + offs, mask=m, other=0.0)
+    smin = tl.load(smin_ptr + offs, mask=m, other=0.0)
+    smax = tl.load(smax_ptr + offs, mask=m, other=0.0)
+    fresh = (smin == float("inf")) & (smax == -float("inf"))  # minimum(min, -max) == inf (NaN: False)
+    new_min = tl.where(fresh, lo, smin + c * (lo - smin))
+    new_max = tl.where(fresh, hi, smax + c * (hi - smax))
+    if KEEP_UNSEEN:
+        seen = ~((lo == float("inf")) & (hi == -float("inf")))
+        new_min = tl.where(seen, new_min, smin)
+        new_max = tl.where(seen, new_max, smax)
+    tl.store(min_out + offs, new_min, mask=m)
+    tl.store(max_out + offs, new_max, mask=m)
+
+
+def moving_average(min_val: torch.Tensor, max_val: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, c: float, *,
+                   keep_unseen: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new float32 ``(min_val, max_val)`` of a moving-average step (one kernel; ``c`` as float32, as
+    torch multiplies a float32 tensor by a Python number)."""
+    n = min_val.numel()
+    new_min, new_max = torch.empty_like(min_val), torch.empty_like(max_val)
+    block = max(16, min(triton.next_power_of_2(n), _block(min_val)))
+    launch(_moving_average_kernel, (triton.cdiv(n, block),), lo.contiguous(), hi.contiguous(), min_val.contiguous(),
+           max_val.contiguous(), float(c), new_min, new_max, n, KEEP_UNSEEN=bool(keep_unseen), BLOCK=block)
+    return new_min, new_max
