@@ -385,3 +385,63 @@ def moving_average(min_val: torch.Tensor, max_val: torch.Tensor, lo: torch.Tenso
     launch(_moving_average_kernel, (triton.cdiv(n, block),), lo.contiguous(), hi.contiguous(), min_val.contiguous(),
            max_val.contiguous(), float(c), new_min, new_max, n, KEEP_UNSEEN=bool(keep_unseen), BLOCK=block)
     return new_min, new_max
+
+
+# ------------------------------------------------------------------------------------------------------
+# calibration observers: the batch's clipped range averaged into the state, one kernel
+
+
+@triton.jit
+def _clip_average_kernel(lo_ptr, hi_ptr, amax_ptr, smin_ptr, smax_ptr, c, one_minus_c, min_out, max_out, n,
+                         CLIP: tl.constexpr, BLOCK: tl.constexpr):
+    """``families.calibration.clip_range`` (``CLIP``) then ``average_range``, per entry: the range clipped
+    into ``[-amax, amax]`` (an unseen range kept), averaged by ``min + c * (lo - min)`` over the finite
+    ends of ``[lo, hi]`` (the first range initialises, an unseen one changes nothing), with the convex
+    ``min * (1 - c) + lo * c`` where the formula overflows, and on both sides where it leaves min > max."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    lo = tl.load(lo_ptr + offs, mask=m, other=0.0)
+    hi = tl.load(hi_ptr + offs, mask=m, other=0.0)
+    smin = tl.load(smin_ptr + offs, mask=m, other=0.0)
+    smax = tl.load(smax_ptr + offs, mask=m, other=0.0)
+    if CLIP:
+        amax = tl.load(amax_ptr + offs, mask=m, other=0.0)
+        seen = lo <= hi
+        nan = tl.PropagateNan.ALL
+        lo = tl.where(seen, tl.minimum(tl.maximum(lo, -amax, propagate_nan=nan), amax, propagate_nan=nan), lo)
+        hi = tl.where(seen, tl.minimum(tl.maximum(hi, -amax, propagate_nan=nan), amax, propagate_nan=nan), hi)
+    # moving_average_update of the pairs [lo, hi] with ignore_nonfinite: their finite min and max
+    lo_f = _finite(lo)
+    hi_f = _finite(hi)
+    b_lo = tl.where(lo_f, lo, float("inf"))
+    b_lo = tl.where(hi_f & ~(hi >= b_lo), hi, b_lo)
+    b_hi = tl.where(lo_f, lo, -float("inf"))
+    b_hi = tl.where(hi_f & ~(hi <= b_hi), hi, b_hi)
+    fresh = (smin == float("inf")) & (smax == -float("inf"))
+    v_min = tl.where(fresh, b_lo, smin + c * (b_lo - smin))
+    v_max = tl.where(fresh, b_hi, smax + c * (b_hi - smax))
+    got = ~((b_lo == float("inf")) & (b_hi == -float("inf")))
+    v_min = tl.where(got, v_min, smin)
+    v_max = tl.where(got, v_max, smax)
+    # the convex form where the formula overflows or crosses
+    convex_min = smin * one_minus_c + lo * c
+    convex_max = smax * one_minus_c + hi * c
+    a_min = tl.where(_finite(smin) & lo_f & ~_finite(v_min), convex_min, v_min)
+    a_max = tl.where(_finite(smax) & hi_f & ~_finite(v_max), convex_max, v_max)
+    disordered = (a_min > a_max) & (lo <= hi)
+    tl.store(min_out + offs, tl.where(disordered, convex_min, a_min), mask=m)
+    tl.store(max_out + offs, tl.where(disordered, convex_max, a_max), mask=m)
+
+
+def clip_average(min_val: torch.Tensor, max_val: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                 amax: torch.Tensor | None, c: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new float32 ``(min_val, max_val)`` of a calibration batch (one kernel): ``[lo, hi]`` clipped into
+    ``[-amax, amax]`` (``amax`` None: not clipped), then averaged into the state with constant ``c``."""
+    n = min_val.numel()
+    new_min, new_max = torch.empty_like(min_val), torch.empty_like(max_val)
+    block = max(16, min(triton.next_power_of_2(n), _block(min_val)))
+    amax_arg = lo if amax is None else amax.to(torch.float32).contiguous()
+    launch(_clip_average_kernel, (triton.cdiv(n, block),), lo.contiguous(), hi.contiguous(), amax_arg,
+           min_val.contiguous(), max_val.contiguous(), float(c), float(1.0 - c), new_min, new_max, n,
+           CLIP=amax is not None, BLOCK=block)
+    return new_min, new_max

@@ -51,6 +51,7 @@ from .._minmax import (
 )
 from .._namespace import (
     array_namespace, channel_rows, device_of, explicit_replicated, is_finite, is_numpy_namespace, rounded, size,
+    triton_route,
 )
 from .._qparams import calculate_qparams
 from .._quantize import fake_quantize
@@ -411,11 +412,17 @@ def batch_update(state: MinMaxState, x: Array, /, *, axis: int | None, config: C
     x = as_float32(x, xp)
     lo, hi = observed_range(x, axis=axis, xp=xp, collective=collective)
     hist = abs_histogram(x, axis=axis, bins=config.bins, xp=xp, collective=collective, seen=(lo, hi))
-    choice = None
+    choice = amax = None
     if config.method == "mix":
         lo, hi, choice = mix_range(x, hist, lo, hi, axis=axis, config=config, xp=xp, collective=collective)
     else:
-        lo, hi = clip_range(lo, hi, search_amax(config.method, hist, config, xp), xp)
+        amax = search_amax(config.method, hist, config, xp)
+    if state.min_val.dtype == xp.float32 and lo.dtype == xp.float32 and triton_route(state.min_val, lo, xp=xp):
+        from .. import _triton_kernels  # torch CUDA: clip_range and average_range in one kernel
+
+        return MinMaxState(*_triton_kernels.clip_average(*state, lo, hi, amax, config.averaging_constant)), choice
+    if amax is not None:
+        lo, hi = clip_range(lo, hi, amax, xp)
     return average_range(state, lo, hi, config.averaging_constant, xp), choice
 
 
