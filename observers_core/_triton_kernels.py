@@ -28,7 +28,7 @@ import triton.language as tl
 
 from . import _namespace
 
-__all__ = ["histogram_update", "launch", "moving_average"]
+__all__ = ["clip_average", "histogram_update", "launch", "moving_average", "percentile_amax", "range_abs_histogram"]
 
 _INF = float("inf")
 _F32_MAX = 3.4028234663852886e38
@@ -91,6 +91,18 @@ def launch(kernel: Any, grid: tuple, *args: Any, **meta: Any) -> None:
     finally:
         for listener in _namespace.LAUNCH_LISTENERS:
             listener(name, False)
+
+
+def float32_parts(value: float) -> tuple[float, float, float]:
+    """``value`` as three float32 numbers whose float64 sum ``(a + b) + c`` is ``value`` exactly (Triton takes
+    Python floats as float32 arguments); ``ValueError`` where that fails (beyond float32's exponents)."""
+    parts, rest = [], value
+    for _ in range(3):
+        parts.append(float(np.float32(rest)))
+        rest -= parts[-1]
+    if (parts[0] + parts[1]) + parts[2] != value:
+        raise ValueError(f"{value!r} is not the sum of three float32 numbers")
+    return parts[0], parts[1], parts[2]
 
 
 def _block(x: torch.Tensor) -> int:
@@ -445,3 +457,168 @@ def clip_average(min_val: torch.Tensor, max_val: torch.Tensor, lo: torch.Tensor,
            min_val.contiguous(), max_val.contiguous(), float(c), float(1.0 - c), new_min, new_max, n,
            CLIP=amax is not None, BLOCK=block)
     return new_min, new_max
+
+
+# ------------------------------------------------------------------------------------------------------
+# calibration observers: the batch's finite range and the histogram of |x| on its canonical grid
+
+
+@triton.jit
+def _pow2_at_least(v):
+    """The smallest power of two ``>= v`` (float32, normal ``v > 0``; beyond 2**127: inf), exactly."""
+    bits = v.to(tl.int32, bitcast=True)
+    up = ((bits >> 23) + 1) << 23  # the next exponent, mantissa 0 (exponent 255: inf)
+    return tl.where((bits & 0x7FFFFF) == 0, v, up.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _floor_div(v, w):
+    """``_calibration._floor_div``: ``floor(v / w)`` for a power of two ``w > 0``, a negative ``v`` whose
+    quotient underflows to -0 in bin -1."""
+    q = tl.div_rn(v, w)
+    return tl.where((q == 0.0) & (v < 0.0), -1.0, tl.floor(q))
+
+
+@triton.jit
+def _row_range(part_ptr, row, R, PBLOCK: tl.constexpr):
+    """The finite ``(min, max)`` of row ``row`` from its ``R`` partials."""
+    p = tl.arange(0, PBLOCK)
+    pm = p < R
+    low = tl.min(tl.load(part_ptr + 2 * (row * R + p), mask=pm, other=float("inf")), axis=0)
+    high = tl.max(tl.load(part_ptr + 2 * (row * R + p) + 1, mask=pm, other=-float("inf")), axis=0)
+    return low, high
+
+
+@triton.jit
+def _abs_grid(low, high, binsf):
+    """``_calibration._grid`` of the histogram of ``|x|`` for the signed finite range ``[low, high]``
+    (``_histogram_update`` with ``seen``, absolute, fresh state): ``(min_val, max_val, lo, width)``."""
+    a_low = tl.where(low <= high, 0.0, low)
+    a_high = tl.maximum(-low, high) + 0.0
+    a_low = tl.where(a_low <= a_high, 0.0, a_low)
+    empty = ~(a_low <= a_high)
+    g_low = tl.where(empty, 0.0, tl.maximum(a_low, -1.7014118346046923e38))  # -2**127
+    g_high = tl.where(empty, 0.0, tl.minimum(a_high, 1.7014117331926443e38))  # 2**127 * (1 - 2**-24)
+    need = tl.maximum(tl.div_rn(g_high, binsf) - tl.div_rn(g_low, binsf), 0.0)
+    need = tl.maximum(need, tl.maximum(tl.maximum(tl.abs(g_low), tl.abs(g_high)) * 2.384185791015625e-07,
+                                       1.1754943508222875e-38))  # * 2**-22, at least 2**-126
+    width = _pow2_at_least(need)
+    width = tl.where(_floor_div(g_high, width) - _floor_div(g_low, width) >= binsf, width * 2.0, width)
+    width = tl.where(_floor_div(g_high, width) - _floor_div(g_low, width) >= binsf, width * 2.0, width)
+    lo = _floor_div(g_low, width) * width
+    return a_low, a_high, tl.where(empty, 0.0, lo), tl.where(empty, 0.0, width)
+
+
+@triton.jit
+def _rows_range_kernel(x_ptr, N, part_ptr, counts_ptr, bins, R, ITERS, HITERS, BLOCK: tl.constexpr):
+    """Program ``(row, p)``: the finite min/max of its part of the row (``ITERS`` blocks) into the partials;
+    zeroes its part of the row's counts."""
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    r = tl.arange(0, BLOCK)
+    lo_acc = tl.full([BLOCK], float("inf"), tl.float32)
+    hi_acc = tl.full([BLOCK], -float("inf"), tl.float32)
+    for it in range(0, ITERS):
+        offs = (p.to(tl.int64) * ITERS + it) * BLOCK + r
+        m = offs < N
+        v = tl.load(x_ptr + row * N + offs, mask=m, other=0.0)
+        finite = m & _finite(v)
+        lo_acc = tl.where(finite, tl.minimum(lo_acc, v), lo_acc)
+        hi_acc = tl.where(finite, tl.maximum(hi_acc, v), hi_acc)
+    tl.store(part_ptr + 2 * (row * R + p), tl.min(lo_acc, axis=0))
+    tl.store(part_ptr + 2 * (row * R + p) + 1, tl.max(hi_acc, axis=0))
+    for it in range(0, HITERS):
+        offs = (p.to(tl.int64) * HITERS + it) * BLOCK + r
+        tl.store(counts_ptr + row * bins + offs, tl.zeros([BLOCK], tl.int64), mask=offs < bins)
+
+
+@triton.jit
+def _abs_histogram_kernel(x_ptr, N, part_ptr, counts_ptr, bins, binsf, R, ITERS, lo_out, hi_out, grid_out,
+                          PBLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    """Program ``(row, p)``: the row's range and grid from the partials, then ``|x|`` of its part of the row
+    counted (integer atomics) into bin ``clip(floor(|v| / width) - lo / width, 0, bins - 1)``; program
+    ``(row, 0)`` writes the row's range and the histogram's ``lo, width, min_val, max_val``."""
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    low, high = _row_range(part_ptr, row, R, PBLOCK)
+    a_low, a_high, lo, width = _abs_grid(low, high, binsf)
+    safe_w = tl.where(width > 0.0, width, 1.0)
+    start = tl.div_rn(lo, safe_w)
+    r = tl.arange(0, BLOCK)
+    for it in range(0, ITERS):
+        offs = (p.to(tl.int64) * ITERS + it) * BLOCK + r
+        m = offs < N
+        v = tl.abs(tl.load(x_ptr + row * N + offs, mask=m, other=0.0))
+        finite = _finite(v)
+        index = _floor_div(tl.where(finite, v, 0.0), safe_w) - start
+        index = tl.minimum(tl.maximum(index, 0.0), binsf - 1.0).to(tl.int64)
+        tl.atomic_add(counts_ptr + row * bins + index, tl.full([BLOCK], 1, tl.int64), mask=m & finite, sem="relaxed")
+    if p == 0:
+        tl.store(lo_out + row, low)
+        tl.store(hi_out + row, high)
+        tl.store(grid_out + 4 * row, lo)
+        tl.store(grid_out + 4 * row + 1, width)
+        tl.store(grid_out + 4 * row + 2, a_low)
+        tl.store(grid_out + 4 * row + 3, a_high)
+
+
+def range_abs_histogram(x: torch.Tensor, axis: int | None, bins: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """``families.calibration``'s ``observed_range`` and ``abs_histogram`` of a non-empty float32 ``x`` (per
+    tensor, or per channel along the normalised ``axis``) in two kernels: ``(lo, hi, (counts, lo, width,
+    min_val, max_val))`` as new tensors (int64 counts)."""
+    rows = x.reshape(1, -1) if axis is None else torch.movedim(x, axis, 0).reshape(x.shape[axis], -1)
+    rows = rows.contiguous()
+    channels, n = rows.shape
+    block = _block(rows)
+    per_row = max(1, min(triton.cdiv(n, block), max(1, _MAX_PROGRAMS // channels)))
+    iters = triton.cdiv(triton.cdiv(n, per_row), block)
+    hiters = triton.cdiv(triton.cdiv(bins, per_row), block)
+    device = x.device
+    parts = torch.empty(2 * channels * per_row, dtype=torch.float32, device=device)
+    counts = torch.empty((channels, bins), dtype=torch.int64, device=device)
+    lo = torch.empty(channels, dtype=torch.float32, device=device)
+    hi = torch.empty(channels, dtype=torch.float32, device=device)
+    grid = torch.empty((channels, 4), dtype=torch.float32, device=device)
+    launch(_rows_range_kernel, (channels, per_row), rows, n, parts, counts, bins, per_row, iters, hiters, BLOCK=block)
+    launch(_abs_histogram_kernel, (channels, per_row), rows, n, parts, counts, bins, float(bins), per_row, iters, lo,
+           hi, grid, PBLOCK=triton.next_power_of_2(per_row), BLOCK=block)
+    lead = () if axis is None else (channels,)
+    hist = (counts.reshape(lead + (bins,)),) + tuple(grid[:, k].reshape(lead) for k in range(4))
+    return lo.reshape(lead), hi.reshape(lead), hist
+
+
+@triton.jit
+def _percentile_kernel(counts_ptr, lo_ptr, width_ptr, k1, k2, k3, bins, amax_out, BLOCK: tl.constexpr):
+    """Program ``row``: ``_calibration.percentile_range(symmetric=True)[1]`` of the row's integer counts on the
+    grid ``(lo, width)``: the left edge ``(lo / width + i) * width`` of the first bin ``i`` whose cumulative
+    count reaches ``keep * total`` (float64, as the array code's work dtype; ``keep = k1 + k2 + k3`` exactly,
+    three float32 arguments)."""
+    row = tl.program_id(0).to(tl.int64)
+    r = tl.arange(0, BLOCK)
+    total = tl.zeros([BLOCK], tl.int64)
+    for start in range(0, bins, BLOCK):
+        total += tl.load(counts_ptr + row * bins + start + r, mask=start + r < bins, other=0)
+    keep = (tl.cast(k1, tl.float64) + tl.cast(k2, tl.float64)) + tl.cast(k3, tl.float64)
+    target = keep * tl.sum(total, axis=0).to(tl.float64)
+    carry = tl.zeros([], tl.int64)
+    first = tl.full([], 0, tl.int32) + bins  # (no bin reached: cannot happen, keep <= 1)
+    for start in range(0, bins, BLOCK):
+        c = tl.load(counts_ptr + row * bins + start + r, mask=start + r < bins, other=0)
+        cum = tl.cumsum(c, axis=0) + carry
+        reached = (cum.to(tl.float64) >= target) & (start + r < bins)
+        first = tl.minimum(first, tl.min(tl.where(reached, start + r, bins), axis=0))
+        carry += tl.sum(c, axis=0)
+    width = tl.load(width_ptr + row)
+    start_edge = tl.div_rn(tl.load(lo_ptr + row), tl.where(width > 0.0, width, 1.0))
+    tl.store(amax_out + row, (start_edge + first.to(tl.float32)) * width)
+
+
+def percentile_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor, keep: float) -> torch.Tensor:
+    """``families.calibration.search_amax("percentile", ...)`` of a histogram of ``|x|`` (int64 counts
+    ``(..., bins)``, float32 grid): one kernel, one program per row."""
+    bins = counts.shape[-1]
+    rows = counts.reshape(-1, bins).contiguous()
+    amax = torch.empty(lo.shape, dtype=torch.float32, device=counts.device)
+    launch(_percentile_kernel, (rows.shape[0],), rows, lo.reshape(-1).contiguous(), width.reshape(-1).contiguous(),
+           *float32_parts(keep), bins, amax, BLOCK=min(triton.next_power_of_2(bins), 4096))
+    return amax
