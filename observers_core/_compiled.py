@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import _namespace
 from ._namespace import is_numpy_namespace, is_torch_namespace
 
 try:
@@ -88,7 +89,7 @@ def host_view(x: Array, xp: Any) -> np.ndarray | None:
         return None
     if is_numpy_namespace(xp):
         return np.asarray(x)
-    if is_torch_namespace(xp):
+    if is_torch_namespace(xp) and not _namespace.CUDA_PATH_ON_CPU:
         try:  # torch refuses tensors off the CPU, tensors that need grad and dtypes NumPy lacks
             return x.numpy()
         except (RuntimeError, TypeError):
@@ -114,7 +115,8 @@ def numpy_views(xp: Any, *arrays: Array) -> tuple[np.ndarray, ...] | None:
     for functions that run torch CPU tensors as NumPy arrays when the kernels are enabled: the same
     float32 arithmetic, and NumPy's operations on small arrays cost a fraction of torch's. ``None``
     for anything else (kernels disabled, other namespaces, other devices)."""
-    if not ENABLED or not is_torch_namespace(xp) or any(a.device.type != "cpu" for a in arrays):
+    if not ENABLED or not is_torch_namespace(xp) or _namespace.CUDA_PATH_ON_CPU or \
+            any(a.device.type != "cpu" for a in arrays):
         return None
     import torch  # only reached with torch tensors
 

@@ -39,6 +39,7 @@ from ._namespace import (
     on_host,
     scalar_like,
     size,
+    triton_route,
 )
 
 __all__ = [
@@ -509,6 +510,11 @@ def histogram_update_counting(
     check_same_device(x, state.histogram, xp)
     if check_collective(collective) is None and size(x) == 0:
         return state, xp.zeros(2, dtype=index_dtype(xp), device=_device(state.histogram))
+    if collective is None and triton_route(state.histogram, x, xp=xp):  # torch CUDA: three fused kernels
+        from . import _triton_kernels
+
+        new, nonfinite = _triton_kernels.histogram_update(*state, x, up=up, ignore_nonfinite=ignore_nonfinite)
+        return HistogramState(*new), nonfinite
     views = numpy_views(xp, *state, x)
     if views is not None:  # torch CPU: run as NumPy, hand torch tensors back
         import torch  # only reached with torch tensors

@@ -29,6 +29,7 @@ from ._namespace import (
     rounded,
     scalar_like,
     size,
+    triton_route,
 )
 from ._qparams import QParams, calculate_qparams
 from ._validate import INF, check_bool, check_int
@@ -297,6 +298,10 @@ def moving_average_update(
         return state
     lo, hi = _batch_range(state, x, axis, ignore_nonfinite, xp, collective)
     c = float(averaging_constant)
+    if collective is None and state.min_val.dtype == xp.float32 and triton_route(state.min_val, lo, xp=xp):
+        from . import _triton_kernels  # torch CUDA: the arithmetic below in one kernel
+
+        return MinMaxState(*_triton_kernels.moving_average(*state, lo, hi, c, keep_unseen=ignore_nonfinite))
     branch = fresh = None
     if state.min_val.ndim == 0 and on_host(state.min_val, xp):  # eager host data (NumPy, torch CPU), per
         # tensor: decide on the host and compute only the branch taken, as torch.ao does

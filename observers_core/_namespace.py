@@ -148,10 +148,45 @@ def along_axis(shape: Any, axis: int, xp: Any, **arrays: Array) -> list:
     return [xp.reshape(a, target) for a in arrays.values()]
 
 
+#: Set by :func:`observers_core.testing.cuda_path_on_cpu` (never by hand): torch CPU tensors then take the
+#: torch CUDA path (:func:`torch_cuda_path`). A module global read at every step, not a context variable:
+#: the context manager is for tests and benchmarks, one thread at a time.
+CUDA_PATH_ON_CPU = False
+#: Called as ``listener(kernel_name, entering)`` around every Triton launch (``_triton_kernels.launch``):
+#: :func:`observers_core.testing.count_launches` counts them
+LAUNCH_LISTENERS: list = []
+
+
+def torch_cuda_path(x: Array) -> bool:
+    """Whether the torch tensor ``x`` takes the torch CUDA path: it is on a CUDA device, or on the CPU
+    inside :func:`observers_core.testing.cuda_path_on_cpu`. The one predicate every torch device branch of
+    the core asks (with :func:`on_host`, its negation for torch)."""
+    kind = x.device.type
+    return kind == "cuda" or (CUDA_PATH_ON_CPU and kind == "cpu")
+
+
 def on_host(x: Array, xp: Any) -> bool:
     """Whether ``x`` is an eager array in host memory (NumPy, torch CPU), where a data-dependent branch
-    costs nothing and saves computing the branches not taken."""
-    return is_numpy_namespace(xp) or (is_torch_namespace(xp) and x.device.type == "cpu")
+    costs nothing and saves computing the branches not taken (torch CPU tensors: not inside
+    :func:`observers_core.testing.cuda_path_on_cpu`, where they take the CUDA path)."""
+    return is_numpy_namespace(xp) or (is_torch_namespace(xp) and x.device.type == "cpu" and not CUDA_PATH_ON_CPU)
+
+
+def triton_route(*arrays: Array, xp: Any) -> bool:
+    """Whether a step on these torch tensors runs the Triton kernels (``observers_core/_triton_kernels.py``):
+    torch tensors on the CUDA path (:func:`torch_cuda_path`; inside ``cuda_path_on_cpu()`` the kernels run
+    through Triton's interpreter), triton importable, and ``OBSERVERS_CORE_NO_TRITON`` unset (or ``0``)."""
+    return (is_torch_namespace(xp) and all(torch_cuda_path(a) for a in arrays) and _triton_available())
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_available() -> bool:
+    import importlib.util
+    import os
+
+    if os.environ.get("OBSERVERS_CORE_NO_TRITON", "") not in ("", "0"):
+        return False
+    return importlib.util.find_spec("triton") is not None
 
 
 def check_same_device(x: Array, state: Array, xp: Any, *, name: str = "x") -> None:
@@ -293,7 +328,7 @@ def bincount(index: Array, length: int, xp: Any) -> Array:
     if is_torch_namespace(xp):
         import torch  # only reached with torch tensors
 
-        if index.device.type == "cpu":
+        if not torch_cuda_path(index):
             return torch.bincount(index, minlength=length)[:length]
         if not torch.are_deterministic_algorithms_enabled():  # (torch.histc has no deterministic CUDA kernel)
             return histc_bincount(index, length)
@@ -415,7 +450,7 @@ def bincount_weighted(idx: Array, weights: Array, length: int, xp: Any) -> Array
     if is_torch_namespace(xp):
         import torch  # only reached with torch tensors
 
-        if idx.device.type == "cpu":
+        if not torch_cuda_path(idx):
             return torch.bincount(idx, weights=weights, minlength=length)
         # on a GPU torch.bincount reads the largest index on the host; index_add_ adds atomically, so the
         # order of the float32 additions (and the last bits of a sum) may vary, as torch's own CUDA bincount

@@ -1,9 +1,10 @@
-"""The branch-free device path (what a torch observer runs on CUDA: every branch computed with ``where``,
-no host shortcut, no compiled kernel) run on CPU tensors must give the host path's state bit for bit.
+"""The torch CUDA path (what a torch observer runs on CUDA: the Triton kernels where a step has them, else
+every branch computed with ``where``, no host shortcut, no compiled host kernel) run on CPU tensors must
+give the host path's state bit for bit.
 
-CUDA runs this path in the GPU tests only; this test covers it on every machine. The host shortcuts are
-switched off by patching the two predicates that choose them (``on_host`` in the core modules and
-``_compiled.ENABLED``); the sequences exercise what the branch-free logic decides: the first batch, a
+CUDA runs this path in the GPU tests only; this test covers it on every machine, inside
+:func:`observers_core.testing.cuda_path_on_cpu` (the Triton kernels through Triton's interpreter); the
+sequences exercise what the branch-free logic decides: the first batch, a
 single-valued state (also at float32's maximum) and its move onto a wider range (the point mass),
 growing and unchanged ranges, +/-inf, NaN, integer and float16 batches, and ranges near float32's limit;
 a hypothesis test then draws random sequences of the adversarial batch kinds
@@ -23,9 +24,10 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from observers_core.adapters import torch as tobs  # noqa: E402
+from observers_core.testing import cuda_path_on_cpu  # noqa: E402
 
 from _adversarial_strategies import KINDS, make_batch  # noqa: E402
-from _torch_observer_configs import CONFIGS, config_id, device_path  # noqa: E402
+from _torch_observer_configs import CONFIGS, config_id  # noqa: E402
 
 _FUZZ_EXAMPLES = int(os.environ.get("OBSERVERS_CORE_FUZZ_EXAMPLES", "0") or 0)
 
@@ -62,7 +64,7 @@ def assert_paths_agree(config, batches, kwargs, what: str) -> None:
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         host = run(name, kwargs, batches)
-        with device_path():
+        with cuda_path_on_cpu():
             device = run(name, kwargs, batches)
     if isinstance(host, str) or isinstance(device, str):
         assert host == device, f"{config_id(config)} {what}: host {host!r}, device {device!r}"

@@ -51,6 +51,7 @@ from .._minmax import (
 )
 from .._namespace import (
     array_namespace, channel_rows, device_of, explicit_replicated, is_finite, is_numpy_namespace, rounded, size,
+    triton_route,
 )
 from .._qparams import calculate_qparams
 from .._quantize import fake_quantize
@@ -409,14 +410,41 @@ def batch_update(state: MinMaxState, x: Array, /, *, axis: int | None, config: C
     the batch every member's (then the histogram, range and Mix errors are every member's). float64
     ``x`` is observed as float32 (:func:`as_float32`)."""
     x = as_float32(x, xp)
-    lo, hi = observed_range(x, axis=axis, xp=xp, collective=collective)
-    hist = abs_histogram(x, axis=axis, bins=config.bins, xp=xp, collective=collective, seen=(lo, hi))
-    choice = None
+    if collective is None and size(x) > 0 and x.dtype == xp.float32 and triton_route(x, xp=xp):
+        from .. import _triton_kernels  # torch CUDA: observed_range and abs_histogram in two kernels
+
+        lo, hi, parts = _triton_kernels.range_abs_histogram(x, None if axis is None else axis % x.ndim, config.bins)
+        hist = CalibHistogram(*parts)
+    else:
+        lo, hi = observed_range(x, axis=axis, xp=xp, collective=collective)
+        hist = abs_histogram(x, axis=axis, bins=config.bins, xp=xp, collective=collective, seen=(lo, hi))
+    choice = amax = None
     if config.method == "mix":
         lo, hi, choice = mix_range(x, hist, lo, hi, axis=axis, config=config, xp=xp, collective=collective)
+    elif config.method == "percentile" and triton_route(hist.counts, xp=xp) and _percentile_kernel_applies(config):
+        from .. import _triton_kernels  # torch CUDA: the search in one kernel
+
+        amax = _triton_kernels.percentile_amax(hist.counts, hist.lo, hist.width, config.percentile / 100)
     else:
-        lo, hi = clip_range(lo, hi, search_amax(config.method, hist, config, xp), xp)
+        amax = search_amax(config.method, hist, config, xp)
+    if state.min_val.dtype == xp.float32 and lo.dtype == xp.float32 and triton_route(state.min_val, lo, xp=xp):
+        from .. import _triton_kernels  # torch CUDA: clip_range and average_range in one kernel
+
+        return MinMaxState(*_triton_kernels.clip_average(*state, lo, hi, amax, config.averaging_constant)), choice
+    if amax is not None:
+        lo, hi = clip_range(lo, hi, amax, xp)
     return average_range(state, lo, hi, config.averaging_constant, xp), choice
+
+
+def _percentile_kernel_applies(config: CalibConfig) -> bool:
+    """Whether the percentile's ``keep`` goes into the Triton kernel exactly (three float32 parts)."""
+    from .. import _triton_kernels
+
+    try:
+        _triton_kernels.float32_parts(config.percentile / 100)
+    except ValueError:
+        return False
+    return True
 
 
 class KLAccumulator(NamedTuple):

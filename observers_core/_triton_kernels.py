@@ -1,0 +1,624 @@
+"""Triton kernels of the torch CUDA path: a few fused kernels per observer step instead of one launch per
+array operation (on a GPU an eager operation costs a 5-20 us launch whatever its size).
+
+Imported lazily, only when a step runs on the torch CUDA path (``_namespace.triton_route``: torch CUDA
+tensors, or CPU tensors inside :func:`observers_core.testing.cuda_path_on_cpu`) and triton is installed.
+Each kernel computes the float32 operations of the array-API step it replaces, in its order and with
+the same roundings (IEEE division ``div_rn``, explicit ``fma`` where the array code rounds once, and no
+contraction of ``a * b + c``: launched with ``enable_fp_fusion=False``), so the states equal the host
+path's bit for bit (tests/test_device_path_on_cpu.py runs every kernel through Triton's interpreter).
+Integer counts are added with integer atomics (exact, order-free). The re-binned old histogram is a
+float32 scatter-add: in index order under the interpreter (as the host path adds), in any order on a GPU
+(as torch's CUDA ``index_add_`` that it replaces).
+
+CPU tensors run through Triton's interpreter, per launch (:func:`launch`), whether or not triton was
+imported with ``TRITON_INTERPRET=1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from . import _namespace
+
+__all__ = ["clip_average", "histogram_update", "launch", "moving_average", "percentile_amax", "range_abs_histogram"]
+
+_INF = float("inf")
+_F32_MAX = 3.4028234663852886e38
+_SCALE = 2.0**-26  # _histogram._SCALE
+_GPU_BLOCK = 1024
+_CPU_BLOCK = 4096  # the interpreter runs programs one after another: fewer, larger ones
+_MAX_PROGRAMS = 1024  # partial results per reduction (reduced again by every program of the next kernel)
+
+# ------------------------------------------------------------------------------------------------------
+# launching
+
+
+_interpreted: dict = {}
+
+
+@contextlib.contextmanager
+def _interpreting():
+    """While a kernel runs in Triton's interpreter: ``@triton.jit`` functions it calls (ours and
+    ``triton.language``'s own, compiled objects unless triton was imported under ``TRITON_INTERPRET=1``)
+    run interpreted too."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    if isinstance(_histogram_range_kernel, InterpretedFunction):  # imported under TRITON_INTERPRET=1
+        yield
+        return
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        fn = _interpreted.get(self.fn)
+        if fn is None:
+            fn = _interpreted[self.fn] = InterpretedFunction(self.fn)
+        return fn(*args, **kwargs)
+
+    original = JITFunction.__call__
+    JITFunction.__call__ = call
+    try:
+        yield
+    finally:
+        JITFunction.__call__ = original
+
+
+def launch(kernel: Any, grid: tuple, *args: Any, **meta: Any) -> None:
+    """``kernel[grid](*args, **meta)``, without contraction into FMAs; through the interpreter when the
+    tensors are on the CPU (``cuda_path_on_cpu``). Listeners (``_namespace.LAUNCH_LISTENERS``) hear it."""
+    name = getattr(kernel, "__name__", None) or kernel.fn.__name__
+    for listener in _namespace.LAUNCH_LISTENERS:
+        listener(name, True)
+    try:
+        on_cpu = any(isinstance(a, torch.Tensor) and a.device.type == "cpu" for a in args)
+        if on_cpu:
+            from triton.runtime.interpreter import InterpretedFunction
+
+            with _interpreting(), np.errstate(all="ignore"):  # (inf - inf in lanes a where drops)
+                fn = kernel if isinstance(kernel, InterpretedFunction) else _interpreted.get(kernel.fn)
+                if fn is None:
+                    fn = _interpreted[kernel.fn] = InterpretedFunction(kernel.fn)
+                fn[grid](*args, **meta)
+        else:
+            kernel[grid](*args, **meta, enable_fp_fusion=False)
+    finally:
+        for listener in _namespace.LAUNCH_LISTENERS:
+            listener(name, False)
+
+
+def float32_parts(value: float) -> tuple[float, float, float]:
+    """``value`` as three float32 numbers whose float64 sum ``(a + b) + c`` is ``value`` exactly (Triton takes
+    Python floats as float32 arguments); ``ValueError`` where that fails (beyond float32's exponents)."""
+    parts, rest = [], value
+    for _ in range(3):
+        parts.append(float(np.float32(rest)))
+        rest -= parts[-1]
+    if (parts[0] + parts[1]) + parts[2] != value:
+        raise ValueError(f"{value!r} is not the sum of three float32 numbers")
+    return parts[0], parts[1], parts[2]
+
+
+def _block(x: torch.Tensor) -> int:
+    return _CPU_BLOCK if x.device.type == "cpu" else _GPU_BLOCK
+
+
+# ------------------------------------------------------------------------------------------------------
+# shared device functions
+
+
+@triton.jit
+def _finite(v):
+    return tl.abs(v) < float("inf")  # NaN compares false
+
+
+@triton.jit
+def _next_down(x):
+    """``nextafter(x, -float32 max)`` (float32, 0-d or block)."""
+    bits = x.to(tl.int32, bitcast=True)
+    moved = tl.where(x == 0.0, -2147483647, tl.where(x > 0.0, bits - 1, bits + 1))  # -2147483647: -denorm_min
+    out = moved.to(tl.float32, bitcast=True)
+    out = tl.where(x < -3.4028234663852886e38, -3.4028234663852886e38, out)  # -inf
+    out = tl.where(x == -3.4028234663852886e38, x, out)
+    return tl.where(x != x, x, out)
+
+
+@triton.jit
+def _next_up(x):
+    """``nextafter(x, float32 max)``."""
+    return -_next_down(-x)
+
+
+@triton.jit
+def _linspace_at(start, end, step, i, steps):
+    """Element ``i`` of ``torch.linspace(start, end, steps)`` (``_histogram._linspace``: ``step`` given)."""
+    lower = i < steps // 2
+    m = tl.where(lower, i, steps - 1 - i).to(tl.float32)
+    return tl.where(lower, tl.fma(step, m, start), tl.fma(-step, m, end))
+
+
+@triton.jit
+def _histogram_scalars(part_f, part_i, P, smin_ptr, smax_ptr, binsf, IGNORE: tl.constexpr, PBLOCK: tl.constexpr):
+    """Every 0-d decision of ``_histogram._update_counting`` from the partial ranges/counts of the batch
+    (``_histogram_range_kernel``) and the state's range, in its float32 operations."""
+    p = tl.arange(0, PBLOCK)
+    pm = p < P
+    x_lo = tl.min(tl.load(part_f + p, mask=pm, other=float("inf")), axis=0)
+    x_hi = tl.max(tl.load(part_f + P + p, mask=pm, other=-float("inf")), axis=0)
+    nans = tl.sum(tl.load(part_i + p, mask=pm, other=0), axis=0)
+    infs = tl.sum(tl.load(part_i + P + p, mask=pm, other=0), axis=0)
+    total = tl.sum(tl.load(part_f + 2 * P + p, mask=pm, other=0.0), axis=0)
+    smin = tl.load(smin_ptr)
+    smax = tl.load(smax_ptr)
+    # the new range
+    poisoned = (smin != smin) | (smax != smax)
+    fresh = (smin == float("inf")) | (smax == -float("inf")) | poisoned
+    new_min = tl.where(fresh, x_lo, tl.minimum(smin, x_lo))
+    new_max = tl.where(fresh, x_hi, tl.maximum(smax, x_hi))
+    # torch.histc's range (_histc_range) and its check (_histc)
+    degenerate = (new_min == new_max) & (x_lo <= x_hi)
+    lo = tl.where(degenerate, x_lo, new_min)
+    hi = tl.where(degenerate, x_hi, new_max)
+    point = lo == hi
+    wide_lo = tl.minimum(_next_down(lo), lo - 1.0)
+    wide_hi = tl.maximum(_next_up(hi), hi + 1.0)
+    lo = tl.where(point, wide_lo, lo)
+    hi = tl.where(point, wide_hi, hi)
+    ok = (hi > lo) & _finite(lo) & _finite(hi)
+    lo = tl.where(ok, lo, 0.0)
+    hi = tl.where(ok, hi, 1.0)
+    # _bin_scale
+    half = tl.where(_finite(hi - lo), 1.0, 0.5)
+    width = hi * half - lo * half
+    over = ~_finite(width * binsf)
+    num = tl.where(over, binsf * 1.4901161193847656e-08, binsf)  # 2**-26
+    den = tl.where(over, width * 1.4901161193847656e-08, width)
+    lo_half = lo * half
+    # the old histogram moved onto the new range (_to_range) and the final choices
+    seen = x_lo <= x_hi
+    if not IGNORE:
+        poisoned = poisoned | (nans > 0)
+    empty = (smin == float("inf")) | (smax == -float("inf"))
+    same = (smin == new_min) & (smax == new_max)
+    old_point = (smin == smax) & ~same
+    rebin = ~(empty | same | old_point) & seen & ~poisoned
+    return (x_lo, x_hi, nans, infs, total, smin, smax, new_min, new_max, ok, half, lo_half, num, den, seen,
+            poisoned, empty, same, old_point, rebin)
+
+
+# ------------------------------------------------------------------------------------------------------
+# HistogramObserver.forward: three kernels
+
+
+@triton.jit
+def _histogram_range_kernel(x_ptr, n, hist_ptr, bins, part_f, part_i, counts_ptr, rebin_ptr, P, ITERS, HITERS,
+                            BLOCK: tl.constexpr):
+    """Program ``pid``: the finite range and NaN/inf counts of its part of ``x`` (``ITERS`` blocks), the sum
+    of its part of the old histogram (``HITERS`` blocks), written to the partials; zeroes its part of the
+    counts and of the re-binned histogram (the next kernel adds into them)."""
+    pid = tl.program_id(0)
+    r = tl.arange(0, BLOCK)
+    lo_acc = tl.full([BLOCK], float("inf"), tl.float32)
+    hi_acc = tl.full([BLOCK], -float("inf"), tl.float32)
+    nan_acc = tl.zeros([BLOCK], tl.int64)
+    inf_acc = tl.zeros([BLOCK], tl.int64)
+    for it in range(0, ITERS):
+        offs = (pid.to(tl.int64) * ITERS + it) * BLOCK + r
+        m = offs < n
+        v = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        finite = m & _finite(v)
+        lo_acc = tl.where(finite, tl.minimum(lo_acc, v), lo_acc)
+        hi_acc = tl.where(finite, tl.maximum(hi_acc, v), hi_acc)
+        nan_acc += (m & (v != v)).to(tl.int64)
+        inf_acc += (m & (tl.abs(v) == float("inf"))).to(tl.int64)
+    tl.store(part_f + pid, tl.min(lo_acc, axis=0))
+    tl.store(part_f + P + pid, tl.max(hi_acc, axis=0))
+    tl.store(part_i + pid, tl.sum(nan_acc, axis=0))
+    tl.store(part_i + P + pid, tl.sum(inf_acc, axis=0))
+    total = tl.zeros([BLOCK], tl.float32)
+    for it in range(0, HITERS):
+        offs = (pid.to(tl.int64) * HITERS + it) * BLOCK + r
+        total += tl.load(hist_ptr + offs, mask=offs < bins, other=0.0)
+        tl.store(counts_ptr + offs, tl.zeros([BLOCK], tl.int64), mask=offs < bins + 3)
+        tl.store(rebin_ptr + offs, tl.zeros([BLOCK], tl.float32), mask=offs < bins)
+    tl.store(part_f + 2 * P + pid, tl.sum(total, axis=0))
+
+
+@triton.jit
+def _histogram_bin_kernel(x_ptr, n, hist_ptr, bins, binsf, up, upf, partsf, smin_ptr, smax_ptr, part_f, part_i, P,
+                          counts_ptr, rebin_ptr, ITERS, RITERS, IGNORE: tl.constexpr, PBLOCK: tl.constexpr,
+                          BLOCK: tl.constexpr, NSTEPS: tl.constexpr):
+    """Program ``pid``: bins its part of ``x`` on the new range (torch.histc's bin formula, integer atomics
+    into ``bins + 3`` counts: ``bins`` the value hi, ``bins + 1`` NaN, ``bins + 2`` +/-inf), and adds its part
+    of the old histogram's ``bins * up`` sub-bins into the re-binned histogram (``_histogram._rebin``:
+    midpoint, ``bucketize(right=True) - 1`` on the new edges, clamped) when the state is re-binned."""
+    pid = tl.program_id(0)
+    r = tl.arange(0, BLOCK)
+    (x_lo, x_hi, nans, infs, total, smin, smax, new_min, new_max, ok, half, lo_half, num, den, seen, poisoned,
+     empty, same, old_point, rebin) = _histogram_scalars(part_f, part_i, P, smin_ptr, smax_ptr, binsf, IGNORE,
+                                                         PBLOCK)
+    nan_bin = binsf + 1.0
+    out_bin = binsf + 2.0
+    for it in range(0, ITERS):
+        offs = (pid.to(tl.int64) * ITERS + it) * BLOCK + r
+        m = offs < n
+        v = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+        pos = tl.div_rn((v * half - lo_half) * num, den)
+        b = tl.where(pos != pos, nan_bin,
+                     tl.where(pos == -float("inf"), out_bin, tl.minimum(tl.maximum(pos, 0.0), out_bin)))
+        tl.atomic_add(counts_ptr + b.to(tl.int64), tl.full([BLOCK], 1, tl.int64), mask=m, sem="relaxed")
+    if rebin:
+        parts = bins * up
+        h2 = tl.where(_finite(new_max - new_min), 1.0, 0.5)
+        omin = smin * h2
+        omax = smax * h2
+        nmin = new_min * h2
+        nmax = new_max * h2
+        step = tl.div_rn(omax - omin, partsf)  # = the part width
+        half_width = 0.5 * step
+        estep = tl.div_rn(nmax - nmin, binsf)
+        for it in range(0, RITERS):
+            i = (pid.to(tl.int64) * RITERS + it) * BLOCK + r
+            m = i < parts
+            mid = _linspace_at(omin, omax, step, i, parts + 1) + half_width
+            below = tl.zeros([BLOCK], tl.int64)  # #{edges <= mid}: binary search over the bins + 1 edges
+            above = tl.full([BLOCK], 0, tl.int64) + bins + 1
+            for _ in tl.static_range(NSTEPS):
+                active = below < above
+                k = (below + above) // 2
+                le = _linspace_at(nmin, nmax, estep, k, bins + 1) <= mid
+                below = tl.where(active & le, k + 1, below)
+                above = tl.where(active & ~le, k, above)
+            idx = tl.minimum(tl.maximum(below - 1, 0), bins - 1)
+            part = tl.div_rn(tl.load(hist_ptr + i // up, mask=m, other=0.0), upf)
+            tl.atomic_add(rebin_ptr + idx, part, mask=m, sem="relaxed")
+
+
+@triton.jit
+def _histogram_finish_kernel(hist_ptr, bins, binsf, smin_ptr, smax_ptr, part_f, part_i, P, counts_ptr, rebin_ptr,
+                             out_ptr, min_out, max_out, nonfinite_out, IGNORE: tl.constexpr, PBLOCK: tl.constexpr,
+                             BLOCK: tl.constexpr):
+    """The new histogram: the batch's counts (the value hi folded into the last bin; float32) plus the old
+    histogram moved onto the new range (zeros when empty, itself on the same range, its total in the bin of
+    the old single value, else re-binned); the old state where nothing finite was seen or NaN poisons it."""
+    pid = tl.program_id(0)
+    (x_lo, x_hi, nans, infs, total, smin, smax, new_min, new_max, ok, half, lo_half, num, den, seen, poisoned,
+     empty, same, old_point, rebin) = _histogram_scalars(part_f, part_i, P, smin_ptr, smax_ptr, binsf, IGNORE,
+                                                         PBLOCK)
+    # the bin of the old single value on [new_min, new_max] (_point_mass), where there is one
+    p_half = tl.where(_finite(new_max - new_min), 1.0, 0.5)
+    p_width = new_max * p_half - new_min * p_half
+    p_over = ~_finite(p_width * binsf)
+    p_num = tl.where(p_over, binsf * 1.4901161193847656e-08, binsf)
+    p_den = tl.where(p_over, p_width * 1.4901161193847656e-08, p_width)
+    position = tl.div_rn((smin * p_half - new_min * p_half) * p_num, p_den)
+    position = tl.where(old_point, position, 0.0)
+    at = tl.minimum(tl.maximum(tl.floor(position), 0.0), binsf - 1.0).to(tl.int64)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < bins
+    c = tl.load(counts_ptr + offs, mask=m, other=0)
+    c += tl.load(counts_ptr + bins + offs * 0, mask=m & (offs == bins - 1), other=0)
+    batch = tl.where(ok, c, 0).to(tl.float32)
+    old = tl.load(hist_ptr + offs, mask=m, other=0.0)
+    moved = tl.where(old_point, tl.where(offs == at, total, 0.0), tl.load(rebin_ptr + offs, mask=m, other=0.0))
+    moved = tl.where(same, old, moved)
+    moved = tl.where(empty, 0.0, moved)
+    new = batch + moved
+    new = tl.where(seen & ~poisoned, new, old)
+    tl.store(out_ptr + offs, new, mask=m)
+    if pid == 0:
+        lo = tl.where(seen, new_min, smin)
+        hi = tl.where(seen, new_max, smax)
+        tl.store(min_out, tl.where(poisoned, float("nan"), lo))
+        tl.store(max_out, tl.where(poisoned, float("nan"), hi))
+        tl.store(nonfinite_out, infs)
+        tl.store(nonfinite_out + 1, nans)
+
+
+def histogram_update(hist: torch.Tensor, min_val: torch.Tensor, max_val: torch.Tensor, x: torch.Tensor, *,
+                     up: int, ignore_nonfinite: bool) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """``_histogram._update_counting`` (no collective) in three kernels: ``((histogram, min_val, max_val),
+    [number of +/-inf, number of NaN])`` as new tensors. ``x`` non-empty, any real dtype (binned in float32)."""
+    bins = hist.shape[0]
+    xf = x.reshape(-1)
+    if xf.dtype not in (torch.float32, torch.float16, torch.bfloat16) or not xf.is_contiguous():
+        xf = xf.to(torch.float32).contiguous()  # (float16/bfloat16 widen exactly inside the kernels)
+    n = xf.shape[0]
+    block = _block(xf)
+    programs = max(1, min(triton.cdiv(n, block), _MAX_PROGRAMS))
+    iters = triton.cdiv(triton.cdiv(n, programs), block)
+    hiters = triton.cdiv(triton.cdiv(bins + 3, programs), block)
+    parts = bins * up
+    bin_programs = max(programs, min(triton.cdiv(parts, block), _MAX_PROGRAMS))
+    riters = triton.cdiv(triton.cdiv(parts, bin_programs), block)
+    pblock = triton.next_power_of_2(programs)
+    nsteps = max(1, math.ceil(math.log2(bins + 2)))
+    device = hist.device
+    part_f = torch.empty(3 * programs, dtype=torch.float32, device=device)
+    part_i = torch.empty(2 * programs, dtype=torch.int64, device=device)
+    counts = torch.empty(bins + 3, dtype=torch.int64, device=device)
+    rebinned = torch.empty(bins, dtype=torch.float32, device=device)
+    out = torch.empty(bins, dtype=torch.float32, device=device)
+    new_min = torch.empty((), dtype=torch.float32, device=device)
+    new_max = torch.empty((), dtype=torch.float32, device=device)
+    nonfinite = torch.empty(2, dtype=torch.int64, device=device)
+    launch(_histogram_range_kernel, (programs,), xf, n, hist, bins, part_f, part_i, counts, rebinned, programs,
+           iters, hiters, BLOCK=block)
+    binsf, upf, partsf = float(bins), float(up), float(parts)  # (Python floats go in as float32)
+    launch(_histogram_bin_kernel, (bin_programs,), xf, n, hist, bins, binsf, up, upf, partsf, min_val, max_val,
+           part_f, part_i, programs, counts, rebinned, iters, riters, IGNORE=bool(ignore_nonfinite), PBLOCK=pblock,
+           BLOCK=block, NSTEPS=nsteps)
+    launch(_histogram_finish_kernel, (triton.cdiv(bins, block),), hist, bins, binsf, min_val, max_val, part_f, part_i,
+           programs, counts, rebinned, out, new_min, new_max, nonfinite, IGNORE=bool(ignore_nonfinite),
+           PBLOCK=pblock, BLOCK=block)
+    return (out, new_min, new_max), nonfinite
+
+
+# ------------------------------------------------------------------------------------------------------
+# MovingAverage(PerChannel)MinMaxObserver.forward: the average in one kernel after torch's aminmax
+
+
+@triton.jit
+def _moving_average_kernel(lo_ptr, hi_ptr, smin_ptr, smax_ptr, c, min_out, max_out, n, KEEP_UNSEEN: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """``_minmax.moving_average_update`` after the batch range: ``min + c * (lo - min)`` (max alike), the
+    batch range where the state is ``(+inf, -inf)``, the state kept where the batch saw nothing finite
+    (``KEEP_UNSEEN``)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    lo = tl.load(lo_ptr + offs, mask=m, other=0.0)
+    hi = tl.load(hi_ptr + offs, mask=m, other=0.0)
+    smin = tl.load(smin_ptr + offs, mask=m, other=0.0)
+    smax = tl.load(smax_ptr + offs, mask=m, other=0.0)
+    fresh = (smin == float("inf")) & (smax == -float("inf"))  # minimum(min, -max) == inf (NaN: False)
+    new_min = tl.where(fresh, lo, smin + c * (lo - smin))
+    new_max = tl.where(fresh, hi, smax + c * (hi - smax))
+    if KEEP_UNSEEN:
+        seen = ~((lo == float("inf")) & (hi == -float("inf")))
+        new_min = tl.where(seen, new_min, smin)
+        new_max = tl.where(seen, new_max, smax)
+    tl.store(min_out + offs, new_min, mask=m)
+    tl.store(max_out + offs, new_max, mask=m)
+
+
+def moving_average(min_val: torch.Tensor, max_val: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, c: float, *,
+                   keep_unseen: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new float32 ``(min_val, max_val)`` of a moving-average step (one kernel; ``c`` as float32, as
+    torch multiplies a float32 tensor by a Python number)."""
+    n = min_val.numel()
+    new_min, new_max = torch.empty_like(min_val), torch.empty_like(max_val)
+    block = max(16, min(triton.next_power_of_2(n), _block(min_val)))
+    launch(_moving_average_kernel, (triton.cdiv(n, block),), lo.contiguous(), hi.contiguous(), min_val.contiguous(),
+           max_val.contiguous(), float(c), new_min, new_max, n, KEEP_UNSEEN=bool(keep_unseen), BLOCK=block)
+    return new_min, new_max
+
+
+# ------------------------------------------------------------------------------------------------------
+# calibration observers: the batch's clipped range averaged into the state, one kernel
+
+
+@triton.jit
+def _clip_average_kernel(lo_ptr, hi_ptr, amax_ptr, smin_ptr, smax_ptr, c, one_minus_c, min_out, max_out, n,
+                         CLIP: tl.constexpr, BLOCK: tl.constexpr):
+    """``families.calibration.clip_range`` (``CLIP``) then ``average_range``, per entry: the range clipped
+    into ``[-amax, amax]`` (an unseen range kept), averaged by ``min + c * (lo - min)`` over the finite
+    ends of ``[lo, hi]`` (the first range initialises, an unseen one changes nothing), with the convex
+    ``min * (1 - c) + lo * c`` where the formula overflows, and on both sides where it leaves min > max."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    lo = tl.load(lo_ptr + offs, mask=m, other=0.0)
+    hi = tl.load(hi_ptr + offs, mask=m, other=0.0)
+    smin = tl.load(smin_ptr + offs, mask=m, other=0.0)
+    smax = tl.load(smax_ptr + offs, mask=m, other=0.0)
+    if CLIP:
+        amax = tl.load(amax_ptr + offs, mask=m, other=0.0)
+        seen = lo <= hi
+        nan = tl.PropagateNan.ALL
+        lo = tl.where(seen, tl.minimum(tl.maximum(lo, -amax, propagate_nan=nan), amax, propagate_nan=nan), lo)
+        hi = tl.where(seen, tl.minimum(tl.maximum(hi, -amax, propagate_nan=nan), amax, propagate_nan=nan), hi)
+    # moving_average_update of the pairs [lo, hi] with ignore_nonfinite: their finite min and max
+    lo_f = _finite(lo)
+    hi_f = _finite(hi)
+    b_lo = tl.where(lo_f, lo, float("inf"))
+    b_lo = tl.where(hi_f & ~(hi >= b_lo), hi, b_lo)
+    b_hi = tl.where(lo_f, lo, -float("inf"))
+    b_hi = tl.where(hi_f & ~(hi <= b_hi), hi, b_hi)
+    fresh = (smin == float("inf")) & (smax == -float("inf"))
+    v_min = tl.where(fresh, b_lo, smin + c * (b_lo - smin))
+    v_max = tl.where(fresh, b_hi, smax + c * (b_hi - smax))
+    got = ~((b_lo == float("inf")) & (b_hi == -float("inf")))
+    v_min = tl.where(got, v_min, smin)
+    v_max = tl.where(got, v_max, smax)
+    # the convex form where the formula overflows or crosses
+    convex_min = smin * one_minus_c + lo * c
+    convex_max = smax * one_minus_c + hi * c
+    a_min = tl.where(_finite(smin) & lo_f & ~_finite(v_min), convex_min, v_min)
+    a_max = tl.where(_finite(smax) & hi_f & ~_finite(v_max), convex_max, v_max)
+    disordered = (a_min > a_max) & (lo <= hi)
+    tl.store(min_out + offs, tl.where(disordered, convex_min, a_min), mask=m)
+    tl.store(max_out + offs, tl.where(disordered, convex_max, a_max), mask=m)
+
+
+def clip_average(min_val: torch.Tensor, max_val: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+                 amax: torch.Tensor | None, c: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new float32 ``(min_val, max_val)`` of a calibration batch (one kernel): ``[lo, hi]`` clipped into
+    ``[-amax, amax]`` (``amax`` None: not clipped), then averaged into the state with constant ``c``."""
+    n = min_val.numel()
+    new_min, new_max = torch.empty_like(min_val), torch.empty_like(max_val)
+    block = max(16, min(triton.next_power_of_2(n), _block(min_val)))
+    amax_arg = lo if amax is None else amax.to(torch.float32).contiguous()
+    launch(_clip_average_kernel, (triton.cdiv(n, block),), lo.contiguous(), hi.contiguous(), amax_arg,
+           min_val.contiguous(), max_val.contiguous(), float(c), float(1.0 - c), new_min, new_max, n,
+           CLIP=amax is not None, BLOCK=block)
+    return new_min, new_max
+
+
+# ------------------------------------------------------------------------------------------------------
+# calibration observers: the batch's finite range and the histogram of |x| on its canonical grid
+
+
+@triton.jit
+def _pow2_at_least(v):
+    """The smallest power of two ``>= v`` (float32, normal ``v > 0``; beyond 2**127: inf), exactly."""
+    bits = v.to(tl.int32, bitcast=True)
+    up = ((bits >> 23) + 1) << 23  # the next exponent, mantissa 0 (exponent 255: inf)
+    return tl.where((bits & 0x7FFFFF) == 0, v, up.to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _floor_div(v, w):
+    """``_calibration._floor_div``: ``floor(v / w)`` for a power of two ``w > 0``, a negative ``v`` whose
+    quotient underflows to -0 in bin -1."""
+    q = tl.div_rn(v, w)
+    return tl.where((q == 0.0) & (v < 0.0), -1.0, tl.floor(q))
+
+
+@triton.jit
+def _row_range(part_ptr, row, R, PBLOCK: tl.constexpr):
+    """The finite ``(min, max)`` of row ``row`` from its ``R`` partials."""
+    p = tl.arange(0, PBLOCK)
+    pm = p < R
+    low = tl.min(tl.load(part_ptr + 2 * (row * R + p), mask=pm, other=float("inf")), axis=0)
+    high = tl.max(tl.load(part_ptr + 2 * (row * R + p) + 1, mask=pm, other=-float("inf")), axis=0)
+    return low, high
+
+
+@triton.jit
+def _abs_grid(low, high, binsf):
+    """``_calibration._grid`` of the histogram of ``|x|`` for the signed finite range ``[low, high]``
+    (``_histogram_update`` with ``seen``, absolute, fresh state): ``(min_val, max_val, lo, width)``."""
+    a_low = tl.where(low <= high, 0.0, low)
+    a_high = tl.maximum(-low, high) + 0.0
+    a_low = tl.where(a_low <= a_high, 0.0, a_low)
+    empty = ~(a_low <= a_high)
+    g_low = tl.where(empty, 0.0, tl.maximum(a_low, -1.7014118346046923e38))  # -2**127
+    g_high = tl.where(empty, 0.0, tl.minimum(a_high, 1.7014117331926443e38))  # 2**127 * (1 - 2**-24)
+    need = tl.maximum(tl.div_rn(g_high, binsf) - tl.div_rn(g_low, binsf), 0.0)
+    need = tl.maximum(need, tl.maximum(tl.maximum(tl.abs(g_low), tl.abs(g_high)) * 2.384185791015625e-07,
+                                       1.1754943508222875e-38))  # * 2**-22, at least 2**-126
+    width = _pow2_at_least(need)
+    width = tl.where(_floor_div(g_high, width) - _floor_div(g_low, width) >= binsf, width * 2.0, width)
+    width = tl.where(_floor_div(g_high, width) - _floor_div(g_low, width) >= binsf, width * 2.0, width)
+    lo = _floor_div(g_low, width) * width
+    return a_low, a_high, tl.where(empty, 0.0, lo), tl.where(empty, 0.0, width)
+
+
+@triton.jit
+def _rows_range_kernel(x_ptr, N, part_ptr, counts_ptr, bins, R, ITERS, HITERS, BLOCK: tl.constexpr):
+    """Program ``(row, p)``: the finite min/max of its part of the row (``ITERS`` blocks) into the partials;
+    zeroes its part of the row's counts."""
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    r = tl.arange(0, BLOCK)
+    lo_acc = tl.full([BLOCK], float("inf"), tl.float32)
+    hi_acc = tl.full([BLOCK], -float("inf"), tl.float32)
+    for it in range(0, ITERS):
+        offs = (p.to(tl.int64) * ITERS + it) * BLOCK + r
+        m = offs < N
+        v = tl.load(x_ptr + row * N + offs, mask=m, other=0.0)
+        finite = m & _finite(v)
+        lo_acc = tl.where(finite, tl.minimum(lo_acc, v), lo_acc)
+        hi_acc = tl.where(finite, tl.maximum(hi_acc, v), hi_acc)
+    tl.store(part_ptr + 2 * (row * R + p), tl.min(lo_acc, axis=0))
+    tl.store(part_ptr + 2 * (row * R + p) + 1, tl.max(hi_acc, axis=0))
+    for it in range(0, HITERS):
+        offs = (p.to(tl.int64) * HITERS + it) * BLOCK + r
+        tl.store(counts_ptr + row * bins + offs, tl.zeros([BLOCK], tl.int64), mask=offs < bins)
+
+
+@triton.jit
+def _abs_histogram_kernel(x_ptr, N, part_ptr, counts_ptr, bins, binsf, R, ITERS, lo_out, hi_out, grid_out,
+                          PBLOCK: tl.constexpr, BLOCK: tl.constexpr):
+    """Program ``(row, p)``: the row's range and grid from the partials, then ``|x|`` of its part of the row
+    counted (integer atomics) into bin ``clip(floor(|v| / width) - lo / width, 0, bins - 1)``; program
+    ``(row, 0)`` writes the row's range and the histogram's ``lo, width, min_val, max_val``."""
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    low, high = _row_range(part_ptr, row, R, PBLOCK)
+    a_low, a_high, lo, width = _abs_grid(low, high, binsf)
+    safe_w = tl.where(width > 0.0, width, 1.0)
+    start = tl.div_rn(lo, safe_w)
+    r = tl.arange(0, BLOCK)
+    for it in range(0, ITERS):
+        offs = (p.to(tl.int64) * ITERS + it) * BLOCK + r
+        m = offs < N
+        v = tl.abs(tl.load(x_ptr + row * N + offs, mask=m, other=0.0))
+        finite = _finite(v)
+        index = _floor_div(tl.where(finite, v, 0.0), safe_w) - start
+        index = tl.minimum(tl.maximum(index, 0.0), binsf - 1.0).to(tl.int64)
+        tl.atomic_add(counts_ptr + row * bins + index, tl.full([BLOCK], 1, tl.int64), mask=m & finite, sem="relaxed")
+    if p == 0:
+        tl.store(lo_out + row, low)
+        tl.store(hi_out + row, high)
+        tl.store(grid_out + 4 * row, lo)
+        tl.store(grid_out + 4 * row + 1, width)
+        tl.store(grid_out + 4 * row + 2, a_low)
+        tl.store(grid_out + 4 * row + 3, a_high)
+
+
+def range_abs_histogram(x: torch.Tensor, axis: int | None, bins: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
+    """``families.calibration``'s ``observed_range`` and ``abs_histogram`` of a non-empty float32 ``x`` (per
+    tensor, or per channel along the normalised ``axis``) in two kernels: ``(lo, hi, (counts, lo, width,
+    min_val, max_val))`` as new tensors (int64 counts)."""
+    rows = x.reshape(1, -1) if axis is None else torch.movedim(x, axis, 0).reshape(x.shape[axis], -1)
+    rows = rows.contiguous()
+    channels, n = rows.shape
+    block = _block(rows)
+    per_row = max(1, min(triton.cdiv(n, block), max(1, _MAX_PROGRAMS // channels)))
+    iters = triton.cdiv(triton.cdiv(n, per_row), block)
+    hiters = triton.cdiv(triton.cdiv(bins, per_row), block)
+    device = x.device
+    parts = torch.empty(2 * channels * per_row, dtype=torch.float32, device=device)
+    counts = torch.empty((channels, bins), dtype=torch.int64, device=device)
+    lo = torch.empty(channels, dtype=torch.float32, device=device)
+    hi = torch.empty(channels, dtype=torch.float32, device=device)
+    grid = torch.empty((channels, 4), dtype=torch.float32, device=device)
+    launch(_rows_range_kernel, (channels, per_row), rows, n, parts, counts, bins, per_row, iters, hiters, BLOCK=block)
+    launch(_abs_histogram_kernel, (channels, per_row), rows, n, parts, counts, bins, float(bins), per_row, iters, lo,
+           hi, grid, PBLOCK=triton.next_power_of_2(per_row), BLOCK=block)
+    lead = () if axis is None else (channels,)
+    hist = (counts.reshape(lead + (bins,)),) + tuple(grid[:, k].reshape(lead) for k in range(4))
+    return lo.reshape(lead), hi.reshape(lead), hist
+
+
+@triton.jit
+def _percentile_kernel(counts_ptr, lo_ptr, width_ptr, k1, k2, k3, bins, amax_out, BLOCK: tl.constexpr):
+    """Program ``row``: ``_calibration.percentile_range(symmetric=True)[1]`` of the row's integer counts on the
+    grid ``(lo, width)``: the left edge ``(lo / width + i) * width`` of the first bin ``i`` whose cumulative
+    count reaches ``keep * total`` (float64, as the array code's work dtype; ``keep = k1 + k2 + k3`` exactly,
+    three float32 arguments)."""
+    row = tl.program_id(0).to(tl.int64)
+    r = tl.arange(0, BLOCK)
+    total = tl.zeros([BLOCK], tl.int64)
+    for start in range(0, bins, BLOCK):
+        total += tl.load(counts_ptr + row * bins + start + r, mask=start + r < bins, other=0)
+    keep = (tl.cast(k1, tl.float64) + tl.cast(k2, tl.float64)) + tl.cast(k3, tl.float64)
+    target = keep * tl.sum(total, axis=0).to(tl.float64)
+    carry = tl.zeros([], tl.int64)
+    first = tl.full([], 0, tl.int32) + bins  # (no bin reached: cannot happen, keep <= 1)
+    for start in range(0, bins, BLOCK):
+        c = tl.load(counts_ptr + row * bins + start + r, mask=start + r < bins, other=0)
+        cum = tl.cumsum(c, axis=0) + carry
+        reached = (cum.to(tl.float64) >= target) & (start + r < bins)
+        first = tl.minimum(first, tl.min(tl.where(reached, start + r, bins), axis=0))
+        carry += tl.sum(c, axis=0)
+    width = tl.load(width_ptr + row)
+    start_edge = tl.div_rn(tl.load(lo_ptr + row), tl.where(width > 0.0, width, 1.0))
+    tl.store(amax_out + row, (start_edge + first.to(tl.float32)) * width)
+
+
+def percentile_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor, keep: float) -> torch.Tensor:
+    """``families.calibration.search_amax("percentile", ...)`` of a histogram of ``|x|`` (int64 counts
+    ``(..., bins)``, float32 grid): one kernel, one program per row."""
+    bins = counts.shape[-1]
+    rows = counts.reshape(-1, bins).contiguous()
+    amax = torch.empty(lo.shape, dtype=torch.float32, device=counts.device)
+    launch(_percentile_kernel, (rows.shape[0],), rows, lo.reshape(-1).contiguous(), width.reshape(-1).contiguous(),
+           *float32_parts(keep), bins, amax, BLOCK=min(triton.next_power_of_2(bins), 4096))
+    return amax
