@@ -191,7 +191,7 @@ class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
         super().__init__(dtype, qscheme, False, quant_min, quant_max, factory_kwargs, ignore_nonfinite=True, xp=xp)
         self.ch_axis = int(ch_axis)
         self.is_sync_quantize = False
-        self._averaging_constant = config.averaging_constant
+        self.averaging_constant = config.averaging_constant
         self._config = config
         self.last_choice: Array | None = None
 
