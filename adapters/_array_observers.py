@@ -24,7 +24,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from observers_core._dtypes import FLOAT32_EPS, QScheme, QuantSpec, quant_spec
+from observers_core._dtypes import FLOAT32_EPS, QScheme, QuantSpec, parse_dtype, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import check_real, device_of, index_dtype, normalize_axis, size
 from observers_core._qparams import UNINITIALIZED_WARNING, QParams
@@ -331,6 +331,8 @@ class UniformQuantizationObserverBase(StatefulObserver):
 
     #: a ``qscheme`` argument as the core's :class:`~observers_core.QScheme` (torch: its objects too)
     _parse_qscheme = staticmethod(QScheme.parse)
+    #: a ``dtype`` argument as the core's name (torch: its dtype objects too)
+    _parse_dtype = staticmethod(parse_dtype)
 
     def _init_range(self, factory_kwargs: Mapping[str, Any] | None) -> None:
         """The statistics' storage (here ``_state``, ``None`` until the first batch; torch: buffers)."""

@@ -198,7 +198,7 @@ class RangeBuffers:
             self._buffers[name] = torch.empty(0, dtype=buffer.dtype if dtype is None else dtype, device=buffer.device)
 
 
-def _buffer(name: str) -> property:
+def buffer_attribute(name: str) -> property:
     """The registered buffer ``name`` (``AttributeError`` while none is registered, so that
     ``register_buffer`` can create it): it shadows the array observers' property of that name."""
 
@@ -241,10 +241,11 @@ class TorchBuffers(SyncMixin, RangeBuffers, EagerOnly):
     __repr__ = torch.nn.Module.__repr__
     state_dict = torch.nn.Module.state_dict
     load_state_dict = torch.nn.Module.load_state_dict
-    eps = _buffer("eps")
-    min_val = _buffer("min_val")
-    max_val = _buffer("max_val")
+    eps = buffer_attribute("eps")
+    min_val = buffer_attribute("min_val")
+    max_val = buffer_attribute("max_val")
     _parse_qscheme = staticmethod(to_core_qscheme)
+    _parse_dtype = staticmethod(to_core_dtype)
 
     def _init_uniform(self, dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic, *,
                       ignore_nonfinite, sync=False, process_group=None, **unknown) -> QuantSpec:

@@ -235,7 +235,7 @@ def test_an_empty_batch_is_a_no_op_on_every_backend(name, kwargs):
 #: and, per framework, a subclass that adds its storage; FixedQParamsObserver, PlaceholderObserver and
 #: NoopObserver subclass torch's own classes on torch.
 DECLARED_ONCE = ["MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelMinMaxObserver",
-                 "MovingAveragePerChannelMinMaxObserver"]  # fmt: skip
+                 "MovingAveragePerChannelMinMaxObserver", "HistogramObserver"]  # fmt: skip
 
 
 def _frameworks() -> dict:
