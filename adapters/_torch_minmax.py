@@ -211,7 +211,32 @@ def buffer_attribute(name: str) -> property:
     return property(get, doc=f"The ``{name}`` buffer.")
 
 
-class TorchBuffers(SyncMixin, RangeBuffers, EagerOnly):
+class TorchModule(SyncMixin, RangeBuffers, EagerOnly):
+    """What every torch observer of ours takes from ``nn.Module`` where the generic observers (plain Python
+    objects) have their own: ``__call__`` (hooks), ``__repr__``, ``state_dict``/``load_state_dict`` (through
+    ``_load_from_state_dict``), the buffers ``min_val``/``max_val`` as attributes; the steps run on
+    :data:`TORCH`; ``forward`` is the observe step over the buffers (:class:`RangeBuffers`)."""
+
+    _backend = TORCH
+    _device = None
+
+    __call__ = torch.nn.Module.__call__
+    __repr__ = torch.nn.Module.__repr__
+    state_dict = torch.nn.Module.state_dict
+    load_state_dict = torch.nn.Module.load_state_dict
+    min_val = buffer_attribute("min_val")
+    max_val = buffer_attribute("max_val")
+
+    def forward(self, x_orig):
+        r"""Records ``x`` (with ``sync``, every rank's ``x``) in the statistics; returns ``x`` itself.
+        Errors leave the buffers untouched."""
+        return self._observe_input(x_orig)
+
+    def _state_or_empty(self):
+        return self._read_state()
+
+
+class TorchBuffers(TorchModule):
     r"""The torch storage of an observer (the einops pattern: ``class MinMaxObserver(TorchRange,
     generic.MinMaxObserver, UniformQuantizationObserverBase)``): the generic class of
     :mod:`._array_observers` owns the signature and its checks, this mixin what torch.ao's drop-in needs.
@@ -234,16 +259,7 @@ class TorchBuffers(SyncMixin, RangeBuffers, EagerOnly):
     # Version 1/None: no ``eps`` buffer. Version 2: ``eps``. Version 3: per-channel buffers renamed
     # ``min_vals``/``max_vals`` -> ``min_val``/``max_val`` (and histogram's uninitialised shape).
     _version = 3
-    _backend = TORCH
-    _device = None
-
-    __call__ = torch.nn.Module.__call__
-    __repr__ = torch.nn.Module.__repr__
-    state_dict = torch.nn.Module.state_dict
-    load_state_dict = torch.nn.Module.load_state_dict
     eps = buffer_attribute("eps")
-    min_val = buffer_attribute("min_val")
-    max_val = buffer_attribute("max_val")
     _parse_qscheme = staticmethod(to_core_qscheme)
     _parse_dtype = staticmethod(to_core_dtype)
 
@@ -369,14 +385,6 @@ class TorchBuffers(SyncMixin, RangeBuffers, EagerOnly):
         return (", ignore_nonfinite=True" if self.ignore_nonfinite else "") + (", sync=True" if self.sync else "")
 
     # -- the observe step's storage: the buffers ------------------------------------------------------
-    def forward(self, x_orig):
-        r"""Records ``x`` (with ``sync``, every rank's ``x``) in the statistics; returns ``x`` itself.
-        Errors leave the buffers untouched."""
-        return self._observe_input(x_orig)
-
-    def _state_or_empty(self):
-        return self._read_state()
-
     def _new_state(self, x: torch.Tensor, channels: int | None) -> MinMaxState:
         like = self._buffers["min_val"]
         return minmax_init(num_channels=channels, dtype=like.dtype, device=like.device, xp=TORCH.fast_xp)
@@ -411,6 +419,10 @@ class TorchBuffers(SyncMixin, RangeBuffers, EagerOnly):
 
     def extra_repr(self):
         return self._repr_suffix().removeprefix(", ")
+
+    def calculate_qparams(self):  # type: ignore[override]
+        r"""``calculate_qparams(min_val, max_val)`` of the buffers (scale, zero point; per channel for a (C,) range)."""
+        return self._calculate_qparams(self.min_val, self.max_val)
 
 
 class TorchRange:

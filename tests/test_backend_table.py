@@ -235,7 +235,9 @@ def test_an_empty_batch_is_a_no_op_on_every_backend(name, kwargs):
 #: and, per framework, a subclass that adds its storage; FixedQParamsObserver, PlaceholderObserver and
 #: NoopObserver subclass torch's own classes on torch.
 DECLARED_ONCE = ["MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelMinMaxObserver",
-                 "MovingAveragePerChannelMinMaxObserver", "HistogramObserver"]  # fmt: skip
+                 "MovingAveragePerChannelMinMaxObserver", "HistogramObserver", "KLObserver", "MSEObserver",
+                 "PercentileObserver", "MixObserver", "LowBitObserver", "PerGroupMinMaxObserver", "FP8Observer",
+                 "PerBlockMXObserver", "PerBlockBFPObserver"]  # fmt: skip
 
 
 def _frameworks() -> dict:
@@ -267,7 +269,7 @@ def test_every_framework_has_the_generic_signature(name):
         got = [(p.name, p.kind, p.default) for p in inspect.signature(ours).parameters.values()]
         assert got == expected, framework
         with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'bogus'"):
-            ours(bogus=1)
+            ours(**({"dtype": "int4"} if name == "LowBitObserver" else {}), bogus=1)
     assert issubclass(torch_observers.__dict__[name], torch.nn.Module)
 
 
