@@ -50,16 +50,20 @@ Differences, all deliberate:
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from observers_core._calibration import CalibHistogram
-from observers_core._dtypes import QScheme
+from observers_core._dtypes import FLOAT32_EPS, QScheme
 from observers_core._minmax import MinMaxState
 from observers_core._namespace import size
 from observers_core.families.calibration import (
     KLAccumulator,
+    KLState,
     batch_update,
     check_accumulator_channels,
     describe,
@@ -67,6 +71,8 @@ from observers_core.families.calibration import (
     kl_channels_differ,
     kl_init,
     kl_pending_message,
+    kl_state_init,
+    kl_state_update,
     kl_update,
     make_config,
     with_spec,
@@ -174,33 +180,44 @@ class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
         percentile: float = NOT_GIVEN,
         stride: int = NOT_GIVEN,
         update_interval: int = NOT_GIVEN,
-        xp: Any = None,
-        **unknown: Any,
+        **backend: Any,
     ) -> None:
+        """The checks of every framework (Horizon's arguments, then the framework's: ``_calibration_backend``),
+        the storage the framework's (``_init_uniform``, ``_init_range``)."""
         owner = type(self).__name__
-        refuse_unknown(owner, unknown)
+        backend, is_sync_quantize = self._calibration_backend(owner, is_sync_quantize, backend)
         options = method_options(owner, self._OPTIONS, percentile=percentile, stride=stride,
                                  update_interval=update_interval)
         config, per_channel = make_config(
-            owner, self._METHOD, dtype=dtype, qscheme=qscheme, quant_min=quant_min, quant_max=quant_max,
-            ch_axis=ch_axis, averaging_constant=averaging_constant, bins=bins, is_sync_quantize=is_sync_quantize,
-            **options,
+            owner, self._METHOD, dtype=self._parse_dtype(dtype), qscheme=self._parse_qscheme(qscheme),
+            quant_min=quant_min, quant_max=quant_max, ch_axis=ch_axis, averaging_constant=averaging_constant,
+            bins=bins, is_sync_quantize=is_sync_quantize, **options,
         )
         self._PER_CHANNEL = per_channel  # per instance: Horizon chooses by ch_axis
         # ignore_nonfinite: the searches always skip NaN/Inf (not an argument: Horizon's signature)
-        super().__init__(dtype, qscheme, False, quant_min, quant_max, factory_kwargs, ignore_nonfinite=True, xp=xp)
+        spec = self._init_uniform(dtype, qscheme, False, quant_min, quant_max, factory_kwargs,
+                                  backend.pop("eps", FLOAT32_EPS), backend.pop("is_dynamic", False),
+                                  ignore_nonfinite=True, **backend)
+        #: the validated, hashable calibration configuration (a ``CalibConfig``); its quantizer's ``eps`` is
+        #: the observer's (torch: the ``eps`` argument, which Horizon's signature does not have)
+        self.config = dataclasses.replace(config, spec=dataclasses.replace(config.spec, eps=float(np.float32(spec.eps))))
+        self.averaging_constant = self.config.averaging_constant
         self.ch_axis = int(ch_axis)
-        self.is_sync_quantize = False
-        self._averaging_constant = config.averaging_constant
-        self._config = config
         self.last_choice: Array | None = None
+        self._init_range(factory_kwargs)
 
-    config = read_only("_config", "The validated, hashable calibration configuration (a ``CalibConfig``).")
+    def _calibration_backend(self, owner: str, is_sync_quantize: Any, backend: dict) -> tuple[dict, Any]:
+        """The framework's own keywords (here ``xp``; any other is a ``TypeError``) and the
+        ``is_sync_quantize`` that :func:`make_config` checks (here as given: ``True`` is refused, a stateful
+        call syncs nothing; the torch observers sync through ``torch.distributed``)."""
+        refuse_unknown(owner, {k: v for k, v in backend.items() if k != "xp"})
+        self.is_sync_quantize = False
+        return backend, is_sync_quantize
 
     # -- the core's steps, through the backend -------------------------------------------------
     def _compute_batch(self, state: MinMaxState, x: Array, axis: int | None,
                        collective: Any = None) -> tuple[MinMaxState, Array | None]:
-        return self._backend.run(batch_update, state, x, axis=axis, config=self._config, xp=self._xp,
+        return self._backend.run(batch_update, state, x, axis=axis, config=self.config, xp=self._xp,
                                  collective=collective)  # fmt: skip
 
     def _compute_update(self, state: MinMaxState, x: Array, axis: int | None, collective: Any = None) -> MinMaxState:
@@ -210,7 +227,7 @@ class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
         """The base's load (``eps``, ``min_val``, ``max_val``, checked first); a loaded ``eps`` reaches the
         searches (the MSE candidates' quantizer) as it does ``calculate_qparams``."""
         super().load_state_dict(state_dict)
-        self._config = with_spec(self._config, self._spec)
+        self.config = with_spec(self.config, self._spec)
 
     def reset_min_max_vals(self) -> None:
         """Forget everything seen (per channel, the channel count too)."""
@@ -220,7 +237,7 @@ class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
     def extra_repr(self) -> str:
         s = self._state
         return (
-            describe(self._config, self.ch_axis)
+            describe(self.config, self.ch_axis)
             + f", min_val={None if s is None else s.min_val}, max_val={None if s is None else s.max_val}"
         )
 
@@ -321,9 +338,9 @@ class KLObserver(KLSteps, _CalibrationObserver):
     histogram (TensorRT's entropy calibration with ``num_levels`` = the levels ``|x|`` reaches) and the
     accumulated range clipped to ``[-amax, amax]`` is moving-averaged into ``min_val``/``max_val`` (the
     first KL update initialises). Before it, ``calculate_qparams`` warns and returns ``scale=1,
-    zero_point=0``. Horizon's signature. The pure steps are ``accumulate(acc, x)`` (also with a
-    collective: every member's batch) and ``kl_step(state, acc)``; a single ``update(state, x)`` is not
-    offered (the step depends on the accumulated histogram and the batch count)."""
+    zero_point=0``. Horizon's signature. The pure step is ``update(state, x)`` over a
+    :class:`~observers_core.families.calibration.KLState` (the accumulator and the batch count are part of
+    it); ``accumulate(acc, x)`` and ``kl_step(state, acc)`` are its two halves."""
 
     _METHOD = "kl"
     _OPTIONS = ("update_interval",)
@@ -349,17 +366,21 @@ class KLObserver(KLSteps, _CalibrationObserver):
 
     def _setup(self, *args: Any, **kwargs: Any) -> None:
         super()._setup(*args, **kwargs)
-        self._acc: KLAccumulator | None = None
         self.num_steps = 0
+        self._init_accumulator()
 
-    update_interval = read_only("_config.update_interval")
+    def _init_accumulator(self) -> None:
+        """The accumulator's storage (here ``_acc``, ``None`` until the first batch; torch: buffers)."""
+        self._acc: KLAccumulator | None = None
+
+    update_interval = property(lambda self: self.config.update_interval, doc="Batches between KL updates.")
     accumulator = read_only(
         "_acc", "The accumulated histogram and range (``None`` before the first batch; not in the state dict)."
     )
 
     # -- the core's steps, through the backend -------------------------------------------------
     def _make_accumulator(self, num_channels: int | None) -> Any:
-        return lambda device: kl_init(num_channels, bins=self._config.bins, device=device, xp=self._xp)
+        return lambda device: kl_init(num_channels, bins=self.config.bins, device=device, xp=self._xp)
 
     def _read_accumulator(self) -> KLAccumulator | None:
         return self._acc
@@ -375,7 +396,7 @@ class KLObserver(KLSteps, _CalibrationObserver):
         return self._backend.run(kl_accumulate, acc, x, axis=axis, xp=self._xp, collective=collective)
 
     def _compute_kl(self, state: MinMaxState, acc: KLAccumulator) -> MinMaxState:
-        return self._backend.run(kl_update, state, acc, config=self._config, xp=self._xp)
+        return self._backend.run(kl_update, state, acc, config=self.config, xp=self._xp)
 
     def _kl_batch(self, state: MinMaxState, acc: KLAccumulator, x: Array, axis: int | None, kl_due: bool,
                   collective: Any) -> tuple[KLAccumulator, MinMaxState | None]:
@@ -415,11 +436,41 @@ class KLObserver(KLSteps, _CalibrationObserver):
             state = self.init_state(acc.seen.min_val.shape[0] if self._PER_CHANNEL else None)
         return self._compute_kl(self._as_state(state), acc)
 
-    def update(self, state: MinMaxState, x: Array, **kwargs: Any) -> MinMaxState:
-        raise NotImplementedError(
-            "KLObserver has no pure update(state, x): its KL step depends on the histogram accumulated over "
-            "all batches and on the batch count; use acc = obs.accumulate(acc, x) and state = obs.kl_step(state, acc)"
-        )
+    def update(self, state: KLState | None, x: Array, *, collective: Any = None,
+               axis_name: Any = None) -> KLState | None:
+        """Pure: the :class:`~observers_core.families.calibration.KLState` (averaged range, accumulator,
+        batch count) after observing ``x``, what ``obs(x)`` does (``None``: nothing seen yet; ``state`` is not
+        modified; empty ``x``: ``state``): ``x`` counted into the accumulator, and on every
+        ``update_interval``-th batch the KL update of the range (:func:`kl_state_update`, branch-free: the
+        same under ``jit``/``lax.scan``). With a :class:`~observers_core.Collective` (JAX: ``axis_name=``)
+        the batch is every member's. ``qparams(state)`` takes the result."""
+        state = None if state is None else self._as_kl_state(state)
+        x = self._check_input(x)
+        collective = self._backend.collective(collective, axis_name)
+        if collective is None and size(x) == 0:
+            return state
+        axis = self._channel_axis(x)
+        channels = None if axis is None else x.shape[axis]
+        if state is None:
+            bins = self.config.bins
+            state = self._backend.empty(lambda device: kl_state_init(channels, bins=bins, device=device, xp=self._xp),
+                                        self._device, x)
+        check_accumulator_channels(state.acc, channels, self.ch_axis)
+        self._backend.check_device(x, state.range.min_val)
+        return self._backend.run(kl_state_update, state, x, axis=axis, config=self.config, xp=self._xp,
+                                 collective=collective)
+
+    def _as_kl_state(self, state: Any) -> KLState:
+        """``state`` checked as a :class:`KLState` (``TypeError`` naming ``state``): what ``update`` returns."""
+        if not isinstance(state, tuple) or len(state) != 3:
+            raise TypeError(f"state must be a KLState(range, acc, steps) as update() returns, got {type(state).__name__}")
+        return KLState(self._as_state(state[0]), self._as_accumulator(state[1]), state[2])
+
+    def qparams(self, state: Any) -> Any:
+        """Pure: the qparams of a :class:`KLState`'s averaged range (or of a range, as ``kl_step`` returns)."""
+        if isinstance(state, tuple) and len(state) == 3:
+            state = self._as_kl_state(state).range
+        return super().qparams(state)
 
     def reset_min_max_vals(self) -> None:
         """Forget everything seen: the averaged range, the histogram and the batch count."""

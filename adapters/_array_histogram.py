@@ -41,7 +41,7 @@ from observers_core._qparams import QParams
 
 from observers_core._state_dict import check_entry
 
-from ._array_observers import UniformQuantizationObserverBase, read_only, refuse_unknown
+from ._array_observers import UniformQuantizationObserverBase
 
 __all__ = ["HistogramObserver"]
 
@@ -84,23 +84,20 @@ class HistogramObserver(UniformQuantizationObserverBase):
 
     def _setup(self, *, bins: int, dtype: Any, qscheme: QScheme | str, reduce_range: bool, quant_min: int | None,
                quant_max: int | None, factory_kwargs: Mapping[str, Any] | None, eps: float, is_dynamic: bool,
-               upsample_rate: int, ignore_nonfinite: bool, xp: Any = None, **unknown: Any) -> None:
-        """The checks of the constructor's arguments (every framework's base has a ``_setup``: the torch
-        class is this constructor bound to ``adapters.torch``'s base)."""
+               upsample_rate: int, ignore_nonfinite: bool, **backend: Any) -> None:
+        """The checks of the constructor's arguments, in torch's order, on every framework; the storage is the
+        framework's (``_init_uniform``, ``_init_range``)."""
         owner = type(self).__name__
-        refuse_unknown(owner, unknown)
-        self._bins, self._upsample_rate = family.check_observer_args(
-            owner, QScheme.parse(qscheme), bins=bins, upsample_rate=upsample_rate, is_dynamic=is_dynamic)
-        super().__init__(
-            dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
-            ignore_nonfinite=ignore_nonfinite, xp=xp,
-        )
-        self._dst_nbins = family.check_dtype(self._spec.dtype, owner)
-
-    # -- configuration -------------------------------------------------------------------------------
-    bins = read_only("_bins", "Number of histogram bins.")
-    upsample_rate = read_only("_upsample_rate", "Sub-bins per bin when the old histogram is moved onto a wider range.")
-    dst_nbins = read_only("_dst_nbins", "Destination bins of the search: ``2**bits`` of ``dtype``.")
+        bins, upsample_rate = family.check_observer_args(
+            owner, self._parse_qscheme(qscheme), bins=bins, upsample_rate=upsample_rate, is_dynamic=is_dynamic)
+        dst_nbins = family.check_dtype(self._parse_dtype(dtype), owner)
+        self._init_uniform(dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
+                           ignore_nonfinite=ignore_nonfinite, **backend)
+        #: the number of histogram bins; sub-bins per bin when the old histogram is moved onto a wider range
+        self.bins, self.upsample_rate = bins, upsample_rate
+        #: destination bins of the search: ``2**bits`` of ``dtype``
+        self.dst_nbins = dst_nbins
+        self._init_range(factory_kwargs)
 
     # -- state ---------------------------------------------------------------------------------------
     def init_state(self, num_channels: int | None = None) -> HistogramState:
@@ -115,18 +112,18 @@ class HistogramObserver(UniformQuantizationObserverBase):
     @property
     def update_config(self) -> family.Config:
         """The family configuration of the update (the default spec: the update does not depend on it)."""
-        return family.Config(self._bins, self._upsample_rate, ignore_nonfinite=self.ignore_nonfinite)
+        return family.Config(self.bins, self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite)
 
     @property
     def config(self) -> family.Config:
         """The whole family configuration (:class:`observers_core.families.histogram.Config`)."""
-        return family.Config(self._bins, self._upsample_rate, self._spec, self.ignore_nonfinite)
+        return family.Config(self.bins, self.upsample_rate, self._current_spec(), self.ignore_nonfinite)
 
     def _as_state(self, state: Any) -> HistogramState:
         state = self._state_tuple(state, HistogramState)
         shapes = tuple(tuple(a.shape) for a in state)
-        if shapes != ((self._bins,), (), ()):
-            raise ValueError(f"state must hold shapes ({self._bins},), (), () for bins={self._bins}, got {shapes}")
+        if shapes != ((self.bins,), (), ()):
+            raise ValueError(f"state must hold shapes ({self.bins},), (), () for bins={self.bins}, got {shapes}")
         f32 = self._xp.float32  # the statistics are float32 (a float64 state crashed the compiled update)
         return HistogramState(*(a if a.dtype == f32 else self._xp.astype(a, f32) for a in state))
 
@@ -160,13 +157,13 @@ class HistogramObserver(UniformQuantizationObserverBase):
     def _checked_entries(self, state_dict: Mapping[str, Any]) -> HistogramState:
         """:func:`~observers_core.families.histogram.check_loaded_state` of the entries."""
         entries = (check_entry(state_dict[k], k, None) for k in ("histogram", "min_val", "max_val"))
-        return HistogramState(*family.check_loaded_state(*entries, bins=self._bins, owner=type(self).__name__))
+        return HistogramState(*family.check_loaded_state(*entries, bins=self.bins, owner=type(self).__name__))
 
     def extra_repr(self) -> str:
         s = self._state
         return (
-            f"bins={self._bins}, dtype={self.dtype!r}, qscheme={self.qscheme.value!r}, quant_min={self.quant_min}, "
-            f"quant_max={self.quant_max}, upsample_rate={self._upsample_rate}, "
+            f"bins={self.bins}, dtype={self.dtype!r}, qscheme={self.qscheme.value!r}, quant_min={self.quant_min}, "
+            f"quant_max={self.quant_max}, upsample_rate={self.upsample_rate}, "
             f"min_val={None if s is None else s.min_val}, max_val={None if s is None else s.max_val}"
             + (", ignore_nonfinite=True" if self.ignore_nonfinite else "")
         )

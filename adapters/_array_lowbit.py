@@ -48,7 +48,7 @@ from observers_core.families.lowbit import (
     unobserved_state,
 )
 
-from ._array_observers import ObserveLoop, StatefulObserver
+from ._array_observers import ObserveLoop, StatefulObserver, refuse_unknown
 from ._backend import plain_ndarray
 
 __all__ = [
@@ -60,6 +60,8 @@ __all__ = [
 ]
 
 Array = Any
+#: the keywords of :func:`~observers_core.families.lowbit.make_spec` a constructor forwards
+_LAYOUT_KEYWORDS = frozenset({"granularity", "axis", "group_size", "block_size", "symmetric", "rounding", "eps"})
 
 # ------------------------------------------------------------- the observe steps, every framework
 
@@ -176,11 +178,23 @@ class LowBitObserver(LowBitSteps, StatefulObserver):
             **backend,
         )
 
-    def _setup(self, dtype: str, *, is_dynamic: bool = False, ignore_nonfinite: bool = False, xp: Any = None,
-               **layout: Any) -> None:
-        """What the public constructors forward to (every framework's base has one: the torch classes are
-        these constructors bound to ``adapters.torch``'s base); ``layout``: ``make_spec``'s keywords."""
-        super().__init__(self._make_spec(dtype, layout), is_dynamic, ignore_nonfinite=ignore_nonfinite, xp=xp)
+    #: the keywords that are the framework's, not the layout's (torch: ``factory_kwargs``, ``sync``, ``process_group``)
+    _BACKEND_KEYWORDS: tuple[str, ...] = ("xp",)
+
+    def _setup(self, dtype: str, *, is_dynamic: bool = False, ignore_nonfinite: bool = False, **layout: Any) -> None:
+        """What the public constructors forward to, on every framework: ``layout`` (``make_spec``'s keywords)
+        checked into a spec, then stored by the framework (``_init_lowbit``)."""
+        backend = {k: layout.pop(k) for k in self._BACKEND_KEYWORDS if k in layout}
+        refuse_unknown(type(self).__name__, {k: v for k, v in layout.items() if k not in _LAYOUT_KEYWORDS})
+        self._init_lowbit(self._make_spec(self._parse_lowbit_dtype(dtype), layout), is_dynamic, ignore_nonfinite,
+                          **backend)
+
+    #: a ``dtype`` argument as the core's name (torch: ``torch.int4``... too)
+    _parse_lowbit_dtype = staticmethod(lambda dtype: dtype)
+
+    def _init_lowbit(self, spec: Any, is_dynamic: bool, ignore_nonfinite: bool, *, xp: Any = None) -> None:
+        """The configuration's storage (here attributes, the statistics ``None`` until the first batch)."""
+        StatefulObserver.__init__(self, spec, is_dynamic, ignore_nonfinite=ignore_nonfinite, xp=xp)
 
     def _home_device(self) -> Any:
         return self._device

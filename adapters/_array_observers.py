@@ -24,7 +24,7 @@ from typing import Any
 import array_api_compat
 import numpy as np
 
-from observers_core._dtypes import FLOAT32_EPS, QScheme, quant_spec
+from observers_core._dtypes import FLOAT32_EPS, QScheme, QuantSpec, parse_dtype, quant_spec
 from observers_core._minmax import MinMaxState, minmax_init
 from observers_core._namespace import check_real, device_of, index_dtype, normalize_axis, size
 from observers_core._qparams import UNINITIALIZED_WARNING, QParams
@@ -256,7 +256,7 @@ class StatefulObserver(ObserveLoop, ObserverBase):
         # Everything checked: commit.
         like = None if self._state is None else self._state[-1]
         if eps is not None:
-            self._spec = dataclasses.replace(self._spec, eps=eps)
+            self._store_spec(dataclasses.replace(self._spec, eps=eps))
         self._state = None if host is None else host._make(self._place(a, None, like) for a in host)
 
     def _checked_entries(self, state_dict: Mapping[str, Any]) -> Any:
@@ -279,8 +279,14 @@ class StatefulObserver(ObserveLoop, ObserverBase):
 
 class UniformQuantizationObserverBase(StatefulObserver):
     """Configuration of the uniform (scale, zero point) observers, validated by
-    :func:`observers_core.quant_spec` and resolved exactly as torch does (``quant_min``/``quant_max``
-    are the resolved range, the configuration itself is the hashable :attr:`spec`)."""
+    :func:`observers_core.quant_spec` and resolved exactly as torch does: ``qscheme``, ``quant_min``,
+    ``quant_max``, ``has_customized_qrange``, ``eps``, ``reduce_range`` are attributes, as torch.ao's
+    (the computations use the hashable :attr:`spec` fixed at construction; the torch observers re-read the
+    attributes at each call, as torch.ao's do).
+
+    Every framework shares the checks; what a framework stores is its own: ``_init_uniform`` (the
+    configuration) and ``_init_range`` (the statistics' storage) are the hooks ``adapters.torch``'s
+    ``TorchBuffers`` overrides (torch objects, the ``eps`` buffer, registered ``min_val``/``max_val``)."""
 
     def __init__(
         self,
@@ -294,8 +300,16 @@ class UniformQuantizationObserverBase(StatefulObserver):
         is_dynamic: bool = False,
         *,
         ignore_nonfinite: bool = False,
-        xp: Any = None,
+        **backend: Any,
     ) -> None:
+        self._init_uniform(dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
+                           ignore_nonfinite=ignore_nonfinite, **backend)
+
+    def _init_uniform(self, dtype: Any, qscheme: Any, reduce_range: bool, quant_min: int | None, quant_max: int | None,
+                      factory_kwargs: Mapping[str, Any] | None, eps: float, is_dynamic: bool, *,
+                      ignore_nonfinite: bool, xp: Any = None, **unknown: Any) -> QuantSpec:
+        """Check and store the configuration; returns the resolved :class:`~observers_core.QuantSpec`."""
+        refuse_unknown(type(self).__name__, unknown)
         device = None
         if factory_kwargs is not None:
             if not isinstance(factory_kwargs, Mapping) or set(factory_kwargs) - {"device"}:
@@ -304,20 +318,31 @@ class UniformQuantizationObserverBase(StatefulObserver):
                 )
             device = factory_kwargs.get("device")
         spec = quant_spec(dtype, qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max, eps=eps)
-        super().__init__(spec, is_dynamic, ignore_nonfinite=ignore_nonfinite, xp=xp, device=device)
+        StatefulObserver.__init__(self, spec, is_dynamic, ignore_nonfinite=ignore_nonfinite, xp=xp, device=device)
         self.reduce_range = bool(reduce_range)
+        self._store_spec(spec)
+        return spec
 
-    # -- configuration (``spec``: the resolved :class:`~observers_core.QuantSpec`) --------------------
-    qscheme = read_only("_spec.qscheme")
-    quant_min = read_only("_spec.quant_min")
-    quant_max = read_only("_spec.quant_max")
-    has_customized_qrange = read_only("_spec.has_customized_qrange")
-    eps = read_only("_spec.eps")
-    averaging_constant = read_only(
-        "_averaging_constant", "``c`` of the moving average ``x_min <- x_min + c * (min(X) - x_min)``; ``None``: running min/max."
-    )
+    def _store_spec(self, spec: QuantSpec) -> None:
+        """``spec`` and its fields as the attributes torch.ao's observers have."""
+        self._spec = spec
+        self.qscheme, self.quant_min, self.quant_max = spec.qscheme, spec.quant_min, spec.quant_max
+        self.has_customized_qrange, self.eps = spec.has_customized_qrange, spec.eps
 
-    _averaging_constant: float | None = None
+    #: a ``qscheme`` argument as the core's :class:`~observers_core.QScheme` (torch: its objects too)
+    _parse_qscheme = staticmethod(QScheme.parse)
+    #: a ``dtype`` argument as the core's name (torch: its dtype objects too)
+    _parse_dtype = staticmethod(parse_dtype)
+
+    def _init_range(self, factory_kwargs: Mapping[str, Any] | None) -> None:
+        """The statistics' storage (here ``_state``, ``None`` until the first batch; torch: buffers)."""
+
+    def _current_spec(self) -> QuantSpec:
+        """The configuration the steps use (here the one fixed at construction; torch re-reads its attributes)."""
+        return self._spec
+
+    #: ``c`` of the moving average ``x_min <- x_min + c * (min(X) - x_min)``; ``None``: running min/max
+    averaging_constant: float | None = None
     #: the min/max moving averages (torch's formula; its states can hold ``min_val > max_val``)
     _AVERAGING = False
     #: loaded ranges must be finite (or +inf/-inf, nothing seen): the calibration observers' averages
@@ -368,7 +393,7 @@ class UniformQuantizationObserverBase(StatefulObserver):
 
     def _family_config(self, axis: int | None) -> family.Config:
         """The min/max family's configuration with the input's (normalised) channel axis."""
-        return family.Config(self._spec, self._averaging_constant, axis, self.ignore_nonfinite)
+        return family.Config(self._current_spec(), self.averaging_constant, axis, self.ignore_nonfinite)
 
     def _compute_update(self, state: MinMaxState, x: Array, axis: int | None, collective: Any = None) -> MinMaxState:
         return self._backend.run(family.update, self._family_config(axis), state, x, collective=collective)
@@ -431,27 +456,26 @@ class UniformQuantizationObserverBase(StatefulObserver):
 
 
 class _MinMaxFamily(UniformQuantizationObserverBase):
-    """torch.ao's four min/max observers here: the checks of their arguments (``_setup``, what their public
-    constructors forward to; every framework's base has one: the torch classes are these constructors
-    bound to ``adapters.torch``'s base)."""
+    """torch.ao's four min/max observers: the checks of their arguments (``_setup``, what their public
+    constructors forward to), the same on every framework; the storage is the framework's
+    (``_init_uniform``/``_init_range``)."""
 
     def _setup(self, *, dtype: Any, qscheme: QScheme | str, reduce_range: bool, quant_min: int | None,
                quant_max: int | None, factory_kwargs: Mapping[str, Any] | None, eps: float, is_dynamic: bool,
-               ignore_nonfinite: bool, averaging_constant: Any = None, ch_axis: Any = None, xp: Any = None,
-               **unknown: Any) -> None:
+               ignore_nonfinite: bool, averaging_constant: Any = None, ch_axis: Any = None, **backend: Any) -> None:
         owner = type(self).__name__
-        refuse_unknown(owner, unknown)
-        self._averaging_constant = family.check_observer_args(
-            owner, QScheme.parse(qscheme), per_channel=self._PER_CHANNEL, is_dynamic=is_dynamic,
+        constant = family.check_observer_args(
+            owner, self._parse_qscheme(qscheme), per_channel=self._PER_CHANNEL, is_dynamic=is_dynamic,
             averaging=self._AVERAGING, averaging_constant=averaging_constant, ch_axis=ch_axis,
         )
-        super().__init__(
-            dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
-            ignore_nonfinite=ignore_nonfinite, xp=xp,
-        )
-        family.check_reduce_range(self._spec, reduce_range, owner)
+        spec = self._init_uniform(dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
+                                  ignore_nonfinite=ignore_nonfinite, **backend)
+        family.check_reduce_range(spec, reduce_range, owner)
         if self._PER_CHANNEL:
             self.ch_axis = int(ch_axis)
+        self._init_range(factory_kwargs)
+        if self._AVERAGING:
+            self.averaging_constant = constant
 
 
 class MinMaxObserver(_MinMaxFamily):

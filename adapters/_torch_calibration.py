@@ -47,7 +47,6 @@ from observers_core._validate import INF, UnsupportedConfigError, check_averagin
 from observers_core.families import calibration as family
 
 from . import _array_calibration as _base
-from ._catalog import constructor_on
 from ._torch_distributed import merge_keys
 from ._torch_backend import TORCH, to_core_dtype, to_core_qscheme
 from ._torch_minmax import UniformQuantizationObserverBase, all_or_nothing
@@ -59,68 +58,26 @@ __all__ = list(_base.__all__)
 _ACC_BUFFERS = ("hist_counts", "hist_lo", "hist_width", "hist_min_val", "hist_max_val", "seen_min_val", "seen_max_val")
 
 
-class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBase):
-    """Shared by the four observers: configuration, buffers, state dict loading; the observe step is
-    every framework's (``CalibrationSteps`` over the base's buffer storage). The public classes are the
-    generic ones' constructors on this base (``_catalog.constructor_on``), which call ``_setup``.
-    ``is_sync_quantize=True`` (Horizon's flag) is ``sync=True``: statistics synced per batch across the
-    default group (or ``process_group=``)."""
+class TorchCalibration:
+    """The torch storage of the four observers (the public classes: ``TorchCalibration`` over the generic
+    class, which checks the arguments, on torch's base): the averaged range in the buffers ``min_val``/
+    ``max_val``, the settable ``averaging_constant``, the searches re-reading torch's attributes, state-dict
+    loads. Beyond Horizon's signature: torch's ``eps`` (the searches' too), ``is_dynamic=False`` (torch's
+    flows pass it) and the distributed ``sync``/``process_group``; ``is_sync_quantize=True`` (Horizon's
+    flag) is ``sync=True``: statistics synced per batch across the default group (or ``process_group=``)."""
 
-    _METHOD = ""
-    _OPTIONS: tuple[str, ...] = ()
     _REPLICA_MERGE = staticmethod(mean_of_replicas)  # sync_observers: the averaged ranges' mean
+    load_state_dict = torch.nn.Module.load_state_dict
 
-    min_val: torch.Tensor
-    max_val: torch.Tensor
-
-    def _setup(
-        self,
-        averaging_constant,
-        ch_axis,
-        dtype,
-        qscheme,
-        quant_min,
-        quant_max,
-        is_sync_quantize,
-        factory_kwargs,
-        *,
-        bins,
-        percentile=_base.NOT_GIVEN,
-        stride=_base.NOT_GIVEN,
-        update_interval=_base.NOT_GIVEN,
-        sync=False,
-        **kwargs,
-    ) -> None:
-        owner = type(self).__name__
-        # torch's base arguments besides Horizon's: eps (the searches' too), is_dynamic=False (torch's flows pass it)
-        # and the distributed ones; no reduce_range/ignore_nonfinite, which the searches would not follow
-        _base.refuse_unknown(owner, {k: v for k, v in kwargs.items() if k not in ("eps", "is_dynamic", "process_group")})
-        if check_bool(kwargs.get("is_dynamic", False), "is_dynamic"):
+    def _calibration_backend(self, owner, is_sync_quantize, backend):
+        """torch's keywords besides Horizon's (no reduce_range/ignore_nonfinite, which the searches would not
+        follow); ``is_sync_quantize`` becomes ``sync``."""
+        _base.refuse_unknown(owner, {k: v for k, v in backend.items() if k not in ("eps", "is_dynamic", "sync",
+                                                                                 "process_group")})
+        if check_bool(backend.get("is_dynamic", False), "is_dynamic"):
             raise UnsupportedConfigError(f"is_dynamic=True is not supported by {owner} (no dynamic quantization)")
-        options = _base.method_options(owner, self._OPTIONS, percentile=percentile, stride=stride,
-                                       update_interval=update_interval)
-        sync = check_bool(sync, "sync") | check_bool(is_sync_quantize, "is_sync_quantize")
-        config, per_channel = family.make_config(
-            owner, self._METHOD, dtype=to_core_dtype(dtype), qscheme=to_core_qscheme(qscheme), quant_min=quant_min,
-            quant_max=quant_max, ch_axis=ch_axis, averaging_constant=averaging_constant, bins=bins, **options,
-        )
-        super().__init__(  # ignore_nonfinite: the searches always skip NaN/Inf (not an argument: Horizon's signature)
-            dtype=dtype, qscheme=qscheme, quant_min=quant_min, quant_max=quant_max, factory_kwargs=factory_kwargs,
-            ignore_nonfinite=True, sync=sync, **kwargs,
-        )
-        self.config = config
-        if "eps" in kwargs:  # (torch's base takes it; Horizon's signature does not)
-            self._set_search_eps(float(np.float32(kwargs["eps"])))
-        self._PER_CHANNEL = per_channel  # per instance: Horizon chooses by ch_axis
-        self.ch_axis = int(ch_axis)
-        self.last_choice: torch.Tensor | None = None
-        factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
-        if per_channel:
-            self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
-            self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
-        else:
-            self.register_buffer("min_val", torch.tensor(INF, **factory_kwargs))
-            self.register_buffer("max_val", torch.tensor(-INF, **factory_kwargs))
+        sync = check_bool(backend.get("sync", False), "sync") | check_bool(is_sync_quantize, "is_sync_quantize")
+        return {**backend, "sync": sync}, False
 
     per_channel = property(lambda self: self._PER_CHANNEL, doc="Whether ``ch_axis >= 0`` (per channel).")
 
@@ -153,11 +110,6 @@ class _CalibrationObserver(_base.CalibrationSteps, UniformQuantizationObserverBa
                          collective=collective)
 
     # -- qparams and state ---------------------------------------------------------------------
-    def calculate_qparams(self):  # type: ignore[override]
-        r"""``calculate_qparams(min_val, max_val)`` of the averaged range (scale, zero point; per channel
-        when ``ch_axis >= 0``)."""
-        return self._calculate_qparams(self.min_val, self.max_val)
-
     @all_or_nothing
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -189,12 +141,10 @@ def _kl_step(state, acc, x, *, axis, config, update, collective, xp):
     return acc, (family.kl_update(state, acc, config=config, xp=xp) if update else None)
 
 
-class _KLObserver(_base.KLSteps, _CalibrationObserver):
-    """KLObserver's torch base: the accumulator in non-persistent buffers."""
+class TorchKL(TorchCalibration):
+    """KLObserver's torch storage: the accumulator in non-persistent buffers."""
 
-    def _setup(self, *args, **kwargs) -> None:
-        super()._setup(*args, **kwargs)
-        self.num_steps = 0
+    def _init_accumulator(self) -> None:
         for name in _ACC_BUFFERS:
             self.register_buffer(name, torch.tensor([], device=self.eps.device), persistent=False)
 
@@ -278,15 +228,17 @@ class _KLObserver(_base.KLSteps, _CalibrationObserver):
         return super().extra_repr() + f", num_steps={self.num_steps}"
 
 
-_TORCH_DEFAULTS = {QScheme.PER_TENSOR_SYMMETRIC: torch.per_tensor_symmetric}
+class PercentileObserver(TorchCalibration, _base.PercentileObserver, UniformQuantizationObserverBase):
+    __doc__ = _base.PercentileObserver.__doc__
 
 
-def _public(generic: type, base: type = _CalibrationObserver) -> type:
-    """``generic``'s public constructor on this module's ``base``, with torch's default qscheme object."""
-    return constructor_on(generic, base, __name__, _TORCH_DEFAULTS)
+class MSEObserver(TorchCalibration, _base.MSEObserver, UniformQuantizationObserverBase):
+    __doc__ = _base.MSEObserver.__doc__
 
 
-PercentileObserver = _public(_base.PercentileObserver)
-MSEObserver = _public(_base.MSEObserver)
-MixObserver = _public(_base.MixObserver)
-KLObserver = _public(_base.KLObserver, _KLObserver)
+class MixObserver(TorchCalibration, _base.MixObserver, UniformQuantizationObserverBase):
+    __doc__ = _base.MixObserver.__doc__
+
+
+class KLObserver(TorchKL, _base.KLObserver, UniformQuantizationObserverBase):
+    __doc__ = _base.KLObserver.__doc__

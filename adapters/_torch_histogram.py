@@ -54,10 +54,9 @@ from observers_core._validate import INF
 from observers_core.families import histogram as family
 
 from . import _array_histogram
-from ._catalog import constructor_on
 from ._torch_distributed import merge_keys
 from ._torch_backend import TORCH, to_core_dtype, to_core_qscheme
-from ._torch_minmax import UniformQuantizationObserverBase, all_or_nothing
+from ._torch_minmax import UniformQuantizationObserverBase, all_or_nothing, buffer_attribute
 
 __all__ = ["HistogramObserver", "default_histogram_observer"]
 
@@ -71,10 +70,10 @@ _NAN_WARNING = (
 )
 
 
-class _HistogramObserver(UniformQuantizationObserverBase):
-    r"""The torch base of ``HistogramObserver`` (its public constructor is the generic class's, bound by
-    ``_catalog.constructor_on``; ``_setup`` checks the arguments as torch does): a running histogram of
-    everything observed and torch's L2 search for the clipping range.
+class TorchHistogram:
+    r"""The torch storage of ``HistogramObserver`` (the public class: ``TorchHistogram`` over the generic
+    :class:`._array_histogram.HistogramObserver`, which checks the arguments, on torch's base): the buffers
+    ``histogram``, ``min_val``, ``max_val``, torch's warnings, its helpers and state-dict versions.
 
     ``forward(x)``: ``min_val = min(min_val, min(x))``, ``max_val = max(max_val, max(x))``; ``x`` is binned
     (``bins`` bins) on the new range and added to the old histogram moved onto it (unchanged when the
@@ -85,26 +84,13 @@ class _HistogramObserver(UniformQuantizationObserverBase):
     ``z = clamp(Q_min - round(min(new_min, 0) / s), Q_min, Q_max)`` (symmetric likewise).
     """
 
-    histogram: torch.Tensor
-    min_val: torch.Tensor
-    max_val: torch.Tensor
+    histogram = buffer_attribute("histogram")
 
-    def _setup(self, *, bins, dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
-               upsample_rate, ignore_nonfinite, **kwargs) -> None:
-        bins, upsample_rate = family.check_observer_args(
-            "HistogramObserver", to_core_qscheme(qscheme), bins=bins, upsample_rate=upsample_rate, is_dynamic=is_dynamic)
-        dst_nbins = family.check_dtype(to_core_dtype(dtype), "HistogramObserver")
-        super().__init__(
-            dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max,
-            factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **kwargs,
-        )
+    def _init_range(self, factory_kwargs) -> None:
         factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
-        self.bins = bins
-        self.register_buffer("histogram", torch.zeros(bins, **factory_kwargs))
+        self.register_buffer("histogram", torch.zeros(self.bins, **factory_kwargs))
         self.register_buffer("min_val", torch.tensor(INF, **factory_kwargs))
         self.register_buffer("max_val", torch.tensor(-INF, **factory_kwargs))
-        self.dst_nbins = dst_nbins
-        self.upsample_rate = upsample_rate
 
     # -- state ---------------------------------------------------------------------------------------
     def _read_state(self) -> HistogramState:
@@ -234,9 +220,10 @@ class _HistogramObserver(UniformQuantizationObserverBase):
         return f"min_val={self.min_val}, max_val={self.max_val}" + rate + self._repr_suffix()
 
 
-HistogramObserver = constructor_on(
-    _array_histogram.HistogramObserver, _HistogramObserver, __name__,
-    {"quint8": torch.quint8, QScheme.PER_TENSOR_AFFINE: torch.per_tensor_affine},
-)
+class HistogramObserver(TorchHistogram, _array_histogram.HistogramObserver, UniformQuantizationObserverBase):
+    r"""torch.ao's ``HistogramObserver``: a running histogram of everything observed and torch's L2 search for
+    the clipping range (:class:`TorchHistogram`), plus ``upsample_rate`` and ``ignore_nonfinite``."""
+
+
 default_histogram_observer = HistogramObserver.with_args(quant_min=0, quant_max=127)
 """Default histogram observer, usually used for PTQ (activations in [0, 127])."""

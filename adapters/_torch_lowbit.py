@@ -29,55 +29,35 @@ from observers_core._minmax import MinMaxState
 from observers_core._validate import check_bool
 
 from . import _array_lowbit as _base
-from ._catalog import constructor_on
-from ._torch_distributed import SyncMixin
 from ._torch_backend import TORCH, to_lowbit_dtype
-from ._torch_minmax import EagerOnly, ObserverBase, RangeBuffers, all_or_nothing
+from ._torch_minmax import ObserverBase, TorchModule, all_or_nothing
 from ._torch_pt2e import link_torchao, pt2e_observer
 
 __all__ = list(_base.__all__)
 
-@pt2e_observer
-class _LowBitObserver(SyncMixin, _base.LowBitSteps, RangeBuffers, EagerOnly, ObserverBase):
-    r"""Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
+class TorchLowBit:
+    """The torch storage of the low-bit observers (the public classes: ``TorchLowBit`` over the generic
+    class, which checks the arguments, on :class:`LowBitBase`): torch dtypes (``torch.int4``...), the
+    buffers ``min_val``/``max_val`` (empty until the first batch, then the statistics' shape and dtype),
+    ``factory_kwargs``, ``sync``/``process_group``, the eager steps on torch's own functions."""
 
-    ``forward(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when
-    ``is_dynamic``) and returns ``x``; ``calculate_qparams()`` is ``lowbit_qparams`` of the buffers:
-    ``(scale, zero_point)`` for integers and fp8, ``BlockScale(scale, exponent)`` (uint8 E8M0 codes) for
-    MX and BFP16. ``ignore_nonfinite=True`` skips NaN/+-Inf (BFP16 always does).
+    _BACKEND_KEYWORDS = ("factory_kwargs", "sync", "process_group")
+    _parse_lowbit_dtype = staticmethod(to_lowbit_dtype)
 
-    ``sync=True`` (keyword-only, with ``process_group=None``: the default group): each batch's statistics
-    are merged across the ranks before they are recorded (every rank's ``x`` must have the same shape,
-    an empty ``x`` takes part once the statistics exist), so every rank holds the same statistics.
-    """
-
-    _version = 1
-    _backend = TORCH
-
-    min_val: torch.Tensor
-    max_val: torch.Tensor
-
-    def _setup(self, dtype, *, is_dynamic=False, ignore_nonfinite=False, factory_kwargs=None, sync=False,
-               process_group=None, **layout) -> None:
-        """What the public constructors forward to; ``layout``: ``make_spec``'s keywords."""
+    def _init_lowbit(self, spec, is_dynamic, ignore_nonfinite, *, factory_kwargs=None, sync=False,
+                     process_group=None) -> None:
         link_torchao()
-        spec = self._make_spec(to_lowbit_dtype(dtype), layout)
         ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
         is_dynamic = check_bool(is_dynamic, "is_dynamic")
         factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
-        super().__init__(dtype=spec.dtype, is_dynamic=is_dynamic)
-        self.spec = spec
+        ObserverBase.__init__(self, dtype=spec.dtype, is_dynamic=is_dynamic)
+        self._spec = spec
         self.ignore_nonfinite = ignore_nonfinite
         self._init_sync(sync, process_group)
         self.register_buffer("min_val", torch.tensor([], **factory_kwargs))
         self.register_buffer("max_val", torch.tensor([], **factory_kwargs))
 
     # -- the family's steps (``LowBitSteps``, every framework's) over the buffers -------------------
-    def forward(self, x_orig):
-        r"""Records the statistics of ``x`` (static: merged with the previous ones; dynamic: alone);
-        returns ``x`` itself. Errors leave the buffers untouched."""
-        return self._observe_input(x_orig)
-
     def _home_device(self) -> torch.device:
         return self._buffers["min_val"].device
 
@@ -122,16 +102,38 @@ class _LowBitObserver(SyncMixin, _base.LowBitSteps, RangeBuffers, EagerOnly, Obs
         )
 
 
-_TORCH_DEFAULTS = {"float8_e4m3fn": torch.float8_e4m3fn}
+@pt2e_observer
+class LowBitBase(TorchModule, _base.StatefulObserver, ObserverBase):
+    """torch's base of the low-bit observers (``nn.Module``, torch's ``ObserverBase``, state-dict version 1)."""
+
+    _version = 1
 
 
-def _public(generic: type, base: type, **attributes) -> type:
-    """``generic``'s public constructor on ``base``, with torch's default fp8 dtype object."""
-    return constructor_on(generic, base, __name__, _TORCH_DEFAULTS, **attributes)
+class LowBitObserver(TorchLowBit, _base.LowBitObserver, LowBitBase):
+    r"""Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
+
+    ``forward(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when
+    ``is_dynamic``) and returns ``x``; ``calculate_qparams()`` is ``lowbit_qparams`` of the buffers:
+    ``(scale, zero_point)`` for integers and fp8, ``BlockScale(scale, exponent)`` (uint8 E8M0 codes) for
+    MX and BFP16. ``ignore_nonfinite=True`` skips NaN/+-Inf (BFP16 always does).
+
+    ``sync=True`` (keyword-only, with ``process_group=None``: the default group): each batch's statistics
+    are merged across the ranks before they are recorded (every rank's ``x`` must have the same shape,
+    an empty ``x`` takes part once the statistics exist), so every rank holds the same statistics.
+    """
 
 
-LowBitObserver = _public(_base.LowBitObserver, _LowBitObserver, __doc__=_LowBitObserver.__doc__)
-PerGroupMinMaxObserver = _public(_base.PerGroupMinMaxObserver, LowBitObserver)
-FP8Observer = _public(_base.FP8Observer, LowBitObserver)
-PerBlockMXObserver = _public(_base.PerBlockMXObserver, LowBitObserver)
-PerBlockBFPObserver = _public(_base.PerBlockBFPObserver, LowBitObserver)
+class PerGroupMinMaxObserver(_base.PerGroupMinMaxObserver, LowBitObserver):
+    __doc__ = _base.PerGroupMinMaxObserver.__doc__
+
+
+class FP8Observer(_base.FP8Observer, LowBitObserver):
+    __doc__ = _base.FP8Observer.__doc__
+
+
+class PerBlockMXObserver(_base.PerBlockMXObserver, LowBitObserver):
+    __doc__ = _base.PerBlockMXObserver.__doc__
+
+
+class PerBlockBFPObserver(_base.PerBlockBFPObserver, LowBitObserver):
+    __doc__ = _base.PerBlockBFPObserver.__doc__

@@ -30,8 +30,6 @@ from .._state_dict import check_minmax_entries
 from .._validate import INF, check_bool, check_channel_count, check_float
 from ..families import minmax as minmax_family
 from . import _array_observers as _base
-from ._array_observers import ObserveLoop
-from ._catalog import constructor_on
 from ._torch_backend import TORCH, TORCH_DTYPES, TORCH_QSCHEMES, to_core_dtype, to_core_qscheme
 from ._torch_distributed import SyncMixin
 from ._torch_pt2e import link_torchao, pt2e_observer
@@ -200,27 +198,59 @@ class RangeBuffers:
             self._buffers[name] = torch.empty(0, dtype=buffer.dtype if dtype is None else dtype, device=buffer.device)
 
 
-@pt2e_observer
-class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, EagerOnly, ObserverBase):
-    r"""Common base of the observers that compute an affine/symmetric scale and zero point.
+def buffer_attribute(name: str) -> property:
+    """The registered buffer ``name`` (``AttributeError`` while none is registered, so that
+    ``register_buffer`` can create it): it shadows the array observers' property of that name."""
 
-    Holds the configuration (``dtype``, ``qscheme``, ``reduce_range``, ``quant_min``/``quant_max``
-    resolved exactly as torch does, the ``eps`` buffer) and the shared pieces every subclass
-    (MinMax, MovingAverage, PerChannel, and later Histogram) reuses: input checks, the state_dict
-    versioning and :meth:`_calculate_qparams`, which calls the core's
-    ``calculate_qparams``: affine ``s = max((max(x_max, 0) - min(x_min, 0)) / (Q_max - Q_min), eps)``,
-    ``z = clamp(Q_min - round(min(x_min, 0) / s), Q_min, Q_max)``; symmetric
-    ``s = max(max(-min(x_min, 0), max(x_max, 0)) / ((Q_max - Q_min) / 2), eps)``.
+    def get(self):
+        try:
+            return self._buffers[name]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}") from None
 
-    ``forward`` is the observe step every observer shares
-    (:class:`~observers_core.adapters._array_observers.ObserveLoop`) over the state's storage here: the
-    buffers ``min_val``/``max_val`` (empty before a per-channel observer's first batch).
+    return property(get, doc=f"The ``{name}`` buffer.")
 
-    ``dtype`` and ``qscheme`` take torch's objects (``torch.qint8``, ``torch.per_tensor_affine``) or
-    the core's names (``"qint8"``, ``"per_tensor_affine"``, :class:`~observers_core.QScheme`); the
-    attributes always hold torch's objects, as torch's tooling expects.
 
-    Every subclass takes the keyword-only ``sync=False`` and ``process_group=None`` (distributed
+class TorchModule(SyncMixin, RangeBuffers, EagerOnly):
+    """What every torch observer of ours takes from ``nn.Module`` where the generic observers (plain Python
+    objects) have their own: ``__call__`` (hooks), ``__repr__``, ``state_dict``/``load_state_dict`` (through
+    ``_load_from_state_dict``), the buffers ``min_val``/``max_val`` as attributes; the steps run on
+    :data:`TORCH`; ``forward`` is the observe step over the buffers (:class:`RangeBuffers`)."""
+
+    _backend = TORCH
+    _device = None
+
+    __call__ = torch.nn.Module.__call__
+    __repr__ = torch.nn.Module.__repr__
+    state_dict = torch.nn.Module.state_dict
+    load_state_dict = torch.nn.Module.load_state_dict
+    min_val = buffer_attribute("min_val")
+    max_val = buffer_attribute("max_val")
+
+    def forward(self, x_orig):
+        r"""Records ``x`` (with ``sync``, every rank's ``x``) in the statistics; returns ``x`` itself.
+        Errors leave the buffers untouched."""
+        return self._observe_input(x_orig)
+
+    def _state_or_empty(self):
+        return self._read_state()
+
+
+class TorchBuffers(TorchModule):
+    r"""The torch storage of an observer (the einops pattern: ``class MinMaxObserver(TorchRange,
+    generic.MinMaxObserver, UniformQuantizationObserverBase)``): the generic class of
+    :mod:`._array_observers` owns the signature and its checks, this mixin what torch.ao's drop-in needs.
+
+    - ``nn.Module`` wins where the array observers have their own: ``__call__``, ``__repr__``,
+      ``state_dict``/``load_state_dict`` (with ``_load_from_state_dict``: torch's versions, checked loads);
+    - the configuration as torch.ao stores it (:meth:`_init_uniform`): torch's dtype and qscheme objects,
+      ``quant_min``/``quant_max`` re-read at each call, the ``eps`` buffer, ``reduce_range``'s warning;
+    - the statistics in registered buffers (``min_val``/``max_val``: 0-d per tensor, empty before a
+      per-channel observer's first batch) written in place (:class:`RangeBuffers`);
+    - torch's host-side qparams checks (:meth:`_calculate_qparams`) and the faster min/max step
+      (``TORCH.fast_xp``, channel axis first as torch reduces).
+
+    Every class takes the keyword-only ``sync=False`` and ``process_group=None`` (distributed
     calibration): with ``sync=True`` each ``forward`` reduces the batch statistics across the group
     (``None``: the default group) before the update, so every rank holds the state of one process
     that saw the concatenation of all ranks' batches (see :mod:`observers_core.adapters.torch`).
@@ -229,43 +259,27 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
     # Version 1/None: no ``eps`` buffer. Version 2: ``eps``. Version 3: per-channel buffers renamed
     # ``min_vals``/``max_vals`` -> ``min_val``/``max_val`` (and histogram's uninitialised shape).
     _version = 3
+    eps = buffer_attribute("eps")
+    _parse_qscheme = staticmethod(to_core_qscheme)
+    _parse_dtype = staticmethod(to_core_dtype)
 
-    eps: torch.Tensor
-
-    def __init__(
-        self,
-        dtype=torch.quint8,
-        qscheme=torch.per_tensor_affine,
-        reduce_range=False,
-        quant_min=None,
-        quant_max=None,
-        factory_kwargs=None,
-        eps=_FLOAT32_EPS,
-        is_dynamic=False,
-        *,
-        ignore_nonfinite=False,
-        sync=False,
-        process_group=None,
-        **kwargs,
-    ) -> None:
+    def _init_uniform(self, dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic, *,
+                      ignore_nonfinite, sync=False, process_group=None, **unknown) -> QuantSpec:
+        """torch.ao's configuration: ``nn.Module``'s init, torch's dtype/qscheme objects as attributes, the
+        ``eps`` buffer (``factory_kwargs``: torch's), ``reduce_range``'s deprecation warning, ``sync``."""
+        _base.refuse_unknown(type(self).__name__, unknown)
         link_torchao()
-        spec = quant_spec(
-            to_core_dtype(dtype),
-            to_core_qscheme(qscheme),
-            reduce_range=reduce_range,
-            quant_min=quant_min,
-            quant_max=quant_max,
-            eps=eps,
-        )
+        spec = quant_spec(to_core_dtype(dtype), to_core_qscheme(qscheme), reduce_range=reduce_range,
+                          quant_min=quant_min, quant_max=quant_max, eps=eps)
         ignore_nonfinite = check_bool(ignore_nonfinite, "ignore_nonfinite")
         factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
-        super().__init__(dtype=TORCH_DTYPES[spec.dtype], is_dynamic=is_dynamic, **kwargs)
+        ObserverBase.__init__(self, dtype=TORCH_DTYPES[spec.dtype], is_dynamic=is_dynamic)
         self.qscheme = TORCH_QSCHEMES[spec.qscheme]
         if reduce_range:
             warnings.warn(
                 "Please use quant_min and quant_max to specify the range for observers. \
                     reduce_range will be deprecated in a future release of PyTorch.",
-                stacklevel=2,
+                stacklevel=4,
             )
         self.reduce_range = reduce_range
         self.register_buffer("eps", torch.tensor([eps], **factory_kwargs))
@@ -273,6 +287,14 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
         self.quant_min, self.quant_max = spec.quant_min, spec.quant_max
         self.ignore_nonfinite = ignore_nonfinite
         self._init_sync(sync, process_group)
+        return spec
+
+    def _init_range(self, factory_kwargs) -> None:
+        """The buffers ``min_val``/``max_val``: ``inf``/``-inf`` per tensor, empty per channel."""
+        factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
+        per_channel = self._PER_CHANNEL
+        self.register_buffer("min_val", torch.tensor([] if per_channel else INF, **factory_kwargs))
+        self.register_buffer("max_val", torch.tensor([] if per_channel else -INF, **factory_kwargs))
 
     def __setstate__(self, state):
         # Pickles written before ``ignore_nonfinite`` existed get the default.
@@ -280,6 +302,9 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
         self.__dict__.setdefault("ignore_nonfinite", False)
 
     # -- shared helpers ---------------------------------------------------------------------------
+
+    def _current_spec(self) -> QuantSpec:
+        return self._quant_spec()
 
     def _quant_spec(self, eps: float | None = None) -> QuantSpec:
         """The core's spec from the current attributes and the ``eps`` buffer (or ``eps``: at construction,
@@ -360,11 +385,6 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
         return (", ignore_nonfinite=True" if self.ignore_nonfinite else "") + (", sync=True" if self.sync else "")
 
     # -- the observe step's storage: the buffers ------------------------------------------------------
-    def forward(self, x_orig):
-        r"""Records ``x`` (with ``sync``, every rank's ``x``) in the statistics; returns ``x`` itself.
-        Errors leave the buffers untouched."""
-        return self._observe_input(x_orig)
-
     def _new_state(self, x: torch.Tensor, channels: int | None) -> MinMaxState:
         like = self._buffers["min_val"]
         return minmax_init(num_channels=channels, dtype=like.dtype, device=like.device, xp=TORCH.fast_xp)
@@ -372,11 +392,6 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
     def _check_fits(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> None:
         if axis is not None:  # (the device is checked with the input)
             check_channel_count(x.shape[axis], tuple(state.min_val.shape), self.ch_axis)
-
-    #: whether ``averaging_constant`` (an attribute of the moving-average classes) makes the update average
-    _AVERAGING = False
-    #: whether loaded ranges must be finite (or +inf/-inf, nothing seen): the calibration observers' averages
-    _FINITE_RANGE = False
 
     def _compute_update(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> MinMaxState:
         """One step of the min/max family (:func:`observers_core.families.minmax.step`). Per channel the
@@ -402,46 +417,16 @@ class UniformQuantizationObserverBase(SyncMixin, ObserveLoop, RangeBuffers, Eage
         raise NotImplementedError("Cannot reset min/max values in the given observer.")
 
 
-# torch's former name, kept there for backwards compatibility
-_ObserverBase = UniformQuantizationObserverBase
+    def extra_repr(self):
+        return self._repr_suffix().removeprefix(", ")
+
+    def calculate_qparams(self):  # type: ignore[override]
+        r"""``calculate_qparams(min_val, max_val)`` of the buffers (scale, zero point; per channel for a (C,) range)."""
+        return self._calculate_qparams(self.min_val, self.max_val)
 
 
-class _MinMaxFamily(UniformQuantizationObserverBase):
-    r"""The torch base of torch.ao's four min/max observers, whose public constructors are the generic
-    classes' (``_catalog.constructor_on``): ``_setup`` checks their arguments with the family's rules
-    (:func:`observers_core.families.minmax.check_observer_args`, in torch's order, every framework's), and
-    registers the buffers ``min_val``/``max_val`` (0-d per
-    tensor; per channel empty until the first batch fixes the number of channels). Per channel with
-    ``per_channel_affine_float_qparams``: ``s = (x_max - x_min) / (Q_max - Q_min)`` (1 where ``s <= eps``),
-    ``z = -x_min / s``. ``ignore_nonfinite=True`` skips NaN/Inf (default ``False`` keeps torch's behaviour,
-    where a NaN poisons min/max)."""
-
-    min_val: torch.Tensor
-    max_val: torch.Tensor
-
-    def _setup(self, *, dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
-               ignore_nonfinite, averaging_constant=None, ch_axis=None, **kwargs) -> None:
-        owner, per_channel = type(self).__name__, self._PER_CHANNEL
-        constant = minmax_family.check_observer_args(
-            owner, to_core_qscheme(qscheme), per_channel=per_channel, is_dynamic=is_dynamic, averaging=self._AVERAGING,
-            averaging_constant=averaging_constant, ch_axis=ch_axis,
-        )
-        super().__init__(
-            dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min, quant_max=quant_max,
-            factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, ignore_nonfinite=ignore_nonfinite, **kwargs,
-        )
-        minmax_family.check_reduce_range(self._quant_spec(eps), reduce_range, owner)
-        factory_kwargs = TORCH.factory_kwargs(factory_kwargs)
-        if per_channel:
-            self.ch_axis = int(ch_axis)
-        self.register_buffer("min_val", torch.tensor([] if per_channel else INF, **factory_kwargs))
-        self.register_buffer("max_val", torch.tensor([] if per_channel else -INF, **factory_kwargs))
-        if self._AVERAGING:
-            self.averaging_constant = constant
-
-
-class _MinMaxObserver(_MinMaxFamily):
-    """Per tensor: qparams of the 0-d buffers."""
+class TorchRange:
+    """Per-tensor min/max: qparams of the 0-d buffers."""
 
     def calculate_qparams(self):  # type: ignore[override]
         r"""Scale and zero point of the observed range."""
@@ -456,16 +441,8 @@ class _MinMaxObserver(_MinMaxFamily):
         self.max_val.fill_(-INF)
 
 
-class _PerChannelMinMaxObserver(_MinMaxFamily):
-    """Per channel (the public classes set ``_PER_CHANNEL``): qparams of the (C,) buffers; state dicts of
-    torch's versions load."""
-
-    def calculate_qparams(self):  # type: ignore[override]
-        r"""Per-channel scales and zero points of the observed ranges."""
-        return self._calculate_qparams(self.min_val, self.max_val)
-
-    def extra_repr(self):
-        return f"min_val={self.min_val}, max_val={self.max_val}" + self._repr_suffix()
+class TorchPerChannel(TorchRange):
+    """Per channel: qparams of the (C,) buffers; state dicts of torch's versions load."""
 
     @all_or_nothing
     def _load_from_state_dict(
@@ -494,23 +471,51 @@ class _PerChannelMinMaxObserver(_MinMaxFamily):
         """Empties the per-channel buffers (dtype and device kept), as before the first batch."""
         self._empty_buffers()
 
-
-_TORCH_DEFAULTS = {"quint8": torch.quint8, QScheme.PER_TENSOR_AFFINE: torch.per_tensor_affine,
-                   QScheme.PER_CHANNEL_AFFINE: torch.per_channel_affine}
-
-
-def _public(generic: type, base: type, **attributes) -> type:
-    """``generic``'s public constructor on ``base``, with torch's default dtype and qscheme objects."""
-    return constructor_on(generic, base, __name__, _TORCH_DEFAULTS, **attributes)
+    def extra_repr(self):
+        return f"min_val={self.min_val}, max_val={self.max_val}" + self._repr_suffix()
 
 
-#: the moving averages' sync_observers merge: the mean of the replicas
-_AVERAGED = dict(_REPLICA_MERGE=staticmethod(mean_of_replicas))
-MinMaxObserver = _public(_base.MinMaxObserver, _MinMaxObserver)
-MovingAverageMinMaxObserver = _public(_base.MovingAverageMinMaxObserver, MinMaxObserver, **_AVERAGED)
-PerChannelMinMaxObserver = _public(_base.PerChannelMinMaxObserver, _PerChannelMinMaxObserver)
-MovingAveragePerChannelMinMaxObserver = _public(_base.MovingAveragePerChannelMinMaxObserver, PerChannelMinMaxObserver,
-                                                **_AVERAGED)
+# -- the public classes: the generic class (signature, checks, steps) on torch's storage ------------------
+
+
+@pt2e_observer
+class UniformQuantizationObserverBase(TorchBuffers, _base.UniformQuantizationObserverBase, ObserverBase):
+    r"""Common base of the observers that compute an affine/symmetric scale and zero point (torch.ao's
+    name): the configuration of :class:`._array_observers.UniformQuantizationObserverBase` stored as
+    torch.ao stores it (:class:`TorchBuffers`); ``calculate_qparams`` calls the core's
+    ``calculate_qparams``: affine ``s = max((max(x_max, 0) - min(x_min, 0)) / (Q_max - Q_min), eps)``,
+    ``z = clamp(Q_min - round(min(x_min, 0) / s), Q_min, Q_max)``; symmetric
+    ``s = max(max(-min(x_min, 0), max(x_max, 0)) / ((Q_max - Q_min) / 2), eps)``."""
+
+
+# torch's former name, kept there for backwards compatibility
+_ObserverBase = UniformQuantizationObserverBase
+
+
+class MinMaxObserver(TorchRange, _base.MinMaxObserver, UniformQuantizationObserverBase):
+    r"""Running min/max per tensor: ``x_min = min(x_min, min(X))``, ``x_max = max(x_max, max(X))``; torch.ao's
+    ``MinMaxObserver`` (``ignore_nonfinite=True`` skips NaN/Inf; by default a NaN poisons min/max, as in torch)."""
+
+
+class MovingAverageMinMaxObserver(_base.MovingAverageMinMaxObserver, MinMaxObserver):
+    r"""Moving average of the per-batch range: ``x_min = x_min + c * (min(X) - x_min)`` (likewise ``x_max``);
+    the first input sets the range. ``c = averaging_constant`` in ``[0, 1]``, read at each batch."""
+
+    _REPLICA_MERGE = staticmethod(mean_of_replicas)  # sync_observers: the mean of the replicas
+
+
+class PerChannelMinMaxObserver(TorchPerChannel, _base.PerChannelMinMaxObserver, UniformQuantizationObserverBase):
+    r"""Running min/max per channel along ``ch_axis``; qparams per channel. Per channel with
+    ``per_channel_affine_float_qparams``: ``s = (x_max - x_min) / (Q_max - Q_min)`` (1 where ``s <= eps``),
+    ``z = -x_min / s``. The buffers are empty until the first batch fixes the number of channels."""
+
+
+class MovingAveragePerChannelMinMaxObserver(_base.MovingAveragePerChannelMinMaxObserver, PerChannelMinMaxObserver):
+    r"""Per-channel moving average: ``x_min[c] = x_min[c] + a * (min(X[c]) - x_min[c])`` with
+    ``a = averaging_constant`` in ``[0, 1]``; the first input sets the ranges."""
+
+    _REPLICA_MERGE = staticmethod(mean_of_replicas)  # sync_observers: the mean of the replicas
+
 
 
 # ``HistogramObserver(UniformQuantizationObserverBase)`` (module ``_torch_histogram``, re-exported at the

@@ -1,6 +1,6 @@
 """CuPy observers: torch.ao's, Horizon's and the low-bit observer classes over CuPy arrays, state on the GPU.
 
-The classes are the generic ones (:mod:`._catalog`) bound to :class:`CupyBackend`; this file is all that
+The classes are the generic ones (``adapters/_array_*.py``), each a one-line subclass on :class:`CupyBackend`; this file is all that
 is CuPy's: inputs must be ``cupy.ndarray`` (a numpy input raises ``TypeError`` rather than being copied
 to the GPU silently); the state (and KLObserver's histogram) is created on the first input's device (or
 on ``factory_kwargs={"device": d}``, ``d`` a device id or ``cupy.cuda.Device``), and an input on another
@@ -28,9 +28,15 @@ import array_api_compat.cupy as cpx
 import cupy
 
 from ._backend import FrameworkBackend
-from ._catalog import CLASSES, bind
+from . import _array_calibration as calibration, _array_histogram as histogram, _array_lowbit as lowbit
+from . import _array_observers as minmax
 
-__all__ = [cls.__name__ for cls in CLASSES]
+__all__ = [
+    'MinMaxObserver', 'MovingAverageMinMaxObserver', 'PerChannelMinMaxObserver',
+    'MovingAveragePerChannelMinMaxObserver', 'FixedQParamsObserver', 'PlaceholderObserver', 'NoopObserver',
+    'HistogramObserver', 'KLObserver', 'MSEObserver', 'PercentileObserver', 'MixObserver', 'LowBitObserver',
+    'PerGroupMinMaxObserver', 'FP8Observer', 'PerBlockMXObserver', 'PerBlockBFPObserver',
+]
 
 Array = Any
 
@@ -79,4 +85,21 @@ class CupyBackend(FrameworkBackend):
 
 BACKEND = CupyBackend()
 
-globals().update(bind(CupyBackend, __name__))
+# The public classes: the generic ones (signature, checks, steps) on this backend.
+class MinMaxObserver(minmax.MinMaxObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class MovingAverageMinMaxObserver(minmax.MovingAverageMinMaxObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class PerChannelMinMaxObserver(minmax.PerChannelMinMaxObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class MovingAveragePerChannelMinMaxObserver(minmax.MovingAveragePerChannelMinMaxObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class FixedQParamsObserver(minmax.FixedQParamsObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class PlaceholderObserver(minmax.PlaceholderObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class NoopObserver(minmax.NoopObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class HistogramObserver(histogram.HistogramObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class KLObserver(calibration.KLObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class MSEObserver(calibration.MSEObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class PercentileObserver(calibration.PercentileObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class MixObserver(calibration.MixObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class LowBitObserver(lowbit.LowBitObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class PerGroupMinMaxObserver(lowbit.PerGroupMinMaxObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class FP8Observer(lowbit.FP8Observer): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class PerBlockMXObserver(lowbit.PerBlockMXObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701
+class PerBlockBFPObserver(lowbit.PerBlockBFPObserver): _BACKEND_TYPE = CupyBackend  # noqa: E701

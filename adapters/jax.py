@@ -1,6 +1,6 @@
 """JAX observers: torch.ao's, Horizon's and the low-bit observer classes over ``jax.numpy``, under ``jax.jit``.
 
-The classes are the generic ones (:mod:`._catalog`) bound to :class:`JaxBackend`; this file is all that
+The classes are the generic ones (``adapters/_array_*.py``), each a one-line subclass on :class:`JaxBackend`; this file is all that
 is JAX's:
 
 - ``obs(x)`` runs one jitted step of the core (min/max update, histogram update, calibration batch step,
@@ -52,9 +52,15 @@ from jax import lax
 from observers_core._collective import check_collective
 
 from ._backend import FrameworkBackend, plain_ndarray
-from ._catalog import CLASSES, bind
+from . import _array_calibration as calibration, _array_histogram as histogram, _array_lowbit as lowbit
+from . import _array_observers as minmax
 
-__all__ = ["AxisCollective", *(cls.__name__ for cls in CLASSES)]
+__all__ = [
+    'AxisCollective', 'MinMaxObserver', 'MovingAverageMinMaxObserver', 'PerChannelMinMaxObserver',
+    'MovingAveragePerChannelMinMaxObserver', 'FixedQParamsObserver', 'PlaceholderObserver', 'NoopObserver',
+    'HistogramObserver', 'KLObserver', 'MSEObserver', 'PercentileObserver', 'MixObserver', 'LowBitObserver',
+    'PerGroupMinMaxObserver', 'FP8Observer', 'PerBlockMXObserver', 'PerBlockBFPObserver',
+]
 
 Array = Any
 
@@ -234,4 +240,21 @@ class JaxBackend(FrameworkBackend):
 
 BACKEND = JaxBackend()
 
-globals().update(bind(JaxBackend, __name__))
+# The public classes: the generic ones (signature, checks, steps) on this backend.
+class MinMaxObserver(minmax.MinMaxObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class MovingAverageMinMaxObserver(minmax.MovingAverageMinMaxObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class PerChannelMinMaxObserver(minmax.PerChannelMinMaxObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class MovingAveragePerChannelMinMaxObserver(minmax.MovingAveragePerChannelMinMaxObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class FixedQParamsObserver(minmax.FixedQParamsObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class PlaceholderObserver(minmax.PlaceholderObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class NoopObserver(minmax.NoopObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class HistogramObserver(histogram.HistogramObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class KLObserver(calibration.KLObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class MSEObserver(calibration.MSEObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class PercentileObserver(calibration.PercentileObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class MixObserver(calibration.MixObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class LowBitObserver(lowbit.LowBitObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class PerGroupMinMaxObserver(lowbit.PerGroupMinMaxObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class FP8Observer(lowbit.FP8Observer): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class PerBlockMXObserver(lowbit.PerBlockMXObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701
+class PerBlockBFPObserver(lowbit.PerBlockBFPObserver): _BACKEND_TYPE = JaxBackend  # noqa: E701

@@ -231,37 +231,46 @@ def test_an_empty_batch_is_a_no_op_on_every_backend(name, kwargs):
             np.testing.assert_array_equal(a, b, err_msg=backend)
 
 
-#: The public classes whose torch twin is the generic constructor on torch's base (docs/architecture.md); the
-#: others (FixedQParamsObserver, PlaceholderObserver, NoopObserver) subclass torch's own classes.
+#: The public classes with one declaration (docs/architecture.md): the generic class (signature, checks, steps)
+#: and, per framework, a subclass that adds its storage; FixedQParamsObserver, PlaceholderObserver and
+#: NoopObserver subclass torch's own classes on torch.
 DECLARED_ONCE = ["MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelMinMaxObserver",
                  "MovingAveragePerChannelMinMaxObserver", "HistogramObserver", "KLObserver", "MSEObserver",
                  "PercentileObserver", "MixObserver", "LowBitObserver", "PerGroupMinMaxObserver", "FP8Observer",
                  "PerBlockMXObserver", "PerBlockBFPObserver"]  # fmt: skip
 
 
+def _frameworks() -> dict:
+    """The public modules of the frameworks installed here (torch and JAX always, CuPy where present)."""
+    import importlib.util
+
+    modules = {"torch": torch_observers, "jax": jax_observers}
+    if importlib.util.find_spec("cupy") is not None:
+        import observers_core.adapters.cupy as cupy_observers
+
+        modules["cupy"] = cupy_observers
+    return modules
+
+
 @pytest.mark.parametrize("name", DECLARED_ONCE)
-def test_a_torch_class_is_the_generic_constructor_on_torchs_base(name):
-    """One declaration per public class: the torch class's constructor is the generic one's code, with the
-    same parameters in the same order and the same defaults, the core's dtype and qscheme defaults given as
-    torch's objects (which the generic class accepts too: the same configuration)."""
+def test_every_framework_has_the_generic_signature(name):
+    """One declaration per public class: each framework's class subclasses the generic one and has its
+    signature, parameter for parameter (names, kinds, defaults), and the same docstring where it has one;
+    the constructor is the generic class's own (no copy), so a bad keyword names the class itself."""
     import inspect
 
-    from observers_core._dtypes import QScheme
-
-    generic, ours = GENERIC[name], getattr(torch_observers, name)
-    assert ours.__init__.__code__ is generic.__init__.__code__
-    assert issubclass(ours, torch.nn.Module)
-    assert ours.__doc__ == generic.__doc__ or name == "LowBitObserver"  # (torch's documents sync=)
-    mine, theirs = inspect.signature(ours).parameters, inspect.signature(generic).parameters
-    assert [(p.name, p.kind) for p in mine.values()] == [(p.name, p.kind) for p in theirs.values()]
-    for p in theirs.values():
-        default = mine[p.name].default
-        if isinstance(p.default, QScheme):
-            assert default is getattr(torch, p.default.value)
-        elif p.default in TORCH_DTYPES:
-            assert default in (p.default, TORCH_DTYPES[p.default])
-        else:
-            assert default == p.default or default is p.default, p.name
+    generic = GENERIC[name]
+    expected = [(p.name, p.kind, p.default) for p in inspect.signature(generic).parameters.values()]
+    for framework, module in _frameworks().items():
+        ours = getattr(module, name)
+        assert issubclass(ours, generic), framework
+        assert ours.__module__ == module.__name__ and ours.__qualname__ == name, framework
+        assert ours.__init__ is generic.__init__, framework
+        got = [(p.name, p.kind, p.default) for p in inspect.signature(ours).parameters.values()]
+        assert got == expected, framework
+        with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected keyword argument 'bogus'"):
+            ours(**({"dtype": "int4"} if name == "LowBitObserver" else {}), bogus=1)
+    assert issubclass(torch_observers.__dict__[name], torch.nn.Module)
 
 
 #: The arguments a class cannot be built without.

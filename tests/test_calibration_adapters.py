@@ -381,8 +381,8 @@ def test_jax_jit_equals_numpy_and_traces_once(cls_name, kwargs):
 
 
 def test_jax_pure_update_composes_with_scan():
-    """``obs.update``/``obs.qparams`` inside ``jax.jit`` + ``lax.scan`` give the stateful result; KL has
-    no pure update and says why; the stateful call refuses tracers."""
+    """``obs.update``/``obs.qparams`` inside ``jax.jit`` + ``lax.scan`` give the stateful result (KL too: its
+    state holds the accumulator and the batch count); the stateful call refuses tracers."""
     jax = pytest.importorskip("jax")
     import jax.numpy as jnp
     from observers_core.adapters import jax as jobs
@@ -399,8 +399,13 @@ def test_jax_pure_update_composes_with_scan():
     state, qp = calibrate(xs)
     for a, b in zip((*state, *qp), (*obs.state, *obs.calculate_qparams())):
         assert_same(a, to_numpy(b))
-    with pytest.raises(NotImplementedError, match="accumulated"):
-        jobs.KLObserver().update(obs.init_state(), xs[0])
+    kl = jobs.KLObserver(bins=256, update_interval=2)  # KL's accumulator and batch count are in its state
+    kl_state, _ = jax.jit(lambda xs: jax.lax.scan(lambda s, x: (kl.update(s, x), None), kl.update(None, xs[0]),
+                                                  xs[1:]))(xs)
+    kl_ref = observe(jobs.KLObserver(bins=256, update_interval=2), list(xs), lambda a: a)
+    for a, b in zip((*kl_state.range, *kl.qparams(kl_state)), (*kl_ref.state, *kl_ref.calculate_qparams())):
+        assert_same(a, to_numpy(b))
+    assert int(kl_state.steps) == len(xs)
     with pytest.raises(TypeError, match="cannot run inside jit"):
         jax.jit(lambda x: obs(x))(xs[0])
 
@@ -1152,5 +1157,8 @@ def test_kl_pure_steps_and_a_collective(per_channel):
         for a, b in zip([*got_acc.hist, *got_acc.seen, *got_state], [*stateful.accumulator.hist,
                                                                         *stateful.accumulator.seen, *stateful.state]):
             np.testing.assert_array_equal(a, b)
-    with pytest.raises(NotImplementedError, match=r"obs.accumulate\(acc, x\)"):
-        alone.update(state, steps[0][0])
+    kl_state = None  # the one-step pure path: update(state, x) over KLState (accumulator and count inside)
+    for shards in steps:
+        kl_state = alone.update(kl_state, np.concatenate(shards))
+    for a, b in zip([*kl_state.acc.hist, *kl_state.acc.seen, *kl_state.range], [*acc.hist, *acc.seen, *state]):
+        np.testing.assert_array_equal(a, b)

@@ -122,7 +122,7 @@ def test_family_steps_equal_the_observer(method, ch_axis):
         np.testing.assert_array_equal(got, want)
 
 
-def test_family_merge_is_the_replicas_mean_and_kl_has_no_single_step():
+def test_family_merge_is_the_replicas_mean_and_kl_takes_one_step():
     from observers_core import MinMaxState
     from observers_core.adapters import _array_calibration as observers
 
@@ -133,5 +133,13 @@ def test_family_merge_is_the_replicas_mean_and_kl_has_no_single_step():
     merged = family.merge(config, a, b)
     assert (float(merged.min_val), float(merged.max_val)) == (-1.5, 2.5)
     assert all(float(u) == float(v) for u, v in zip(family.merge(config, fresh, a), a))  # nothing seen: the other
-    with pytest.raises(ValueError, match="kl_accumulate"):
-        family.update(observers.KLObserver().config, fresh, np.ones(3, np.float32))
+    kl = observers.KLObserver(update_interval=2)  # KL: one update(state, x) over KLState, as the observer steps
+    kl_state = family.init(kl.config)
+    for i in range(3):
+        x = np.linspace(-i - 1.0, 2.0 * i + 1.0, 7, dtype=np.float32)
+        kl(x)
+        kl_state = family.update(kl.config, kl_state, x)
+    for got, want in zip([*kl_state.range, *family.qparams(kl.config, kl_state)], [*kl.state, *kl.calculate_qparams()]):
+        np.testing.assert_array_equal(got, want)
+    both = family.merge(kl.config, kl_state, kl_state)
+    assert all(np.array_equal(u, v) for u, v in zip(both.range, kl_state.range)) and int(both.steps) == 3

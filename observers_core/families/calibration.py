@@ -12,10 +12,14 @@ whose classes (and the JAX, CuPy and torch ones) are thin state holders over the
 - :class:`KLAccumulator` (:func:`kl_init`, :func:`kl_accumulate`, :func:`kl_merge`, :func:`kl_update`):
   what KLObserver accumulates between KL steps; ``kl_merge`` of shard accumulators equals one
   accumulator over all the shards' data, exactly (the histogram grid is canonical, the range a min/max).
+- :class:`KLState` (:func:`kl_state_init`, :func:`kl_state_update`, :func:`kl_state_merge`): KLObserver's
+  whole state, the averaged range with the accumulator and the batch count, so that KL takes one
+  ``update(state, x)`` step as the other methods do (the KL update every ``update_interval``-th batch).
 - ``STATE_KEYS``: the state-dict keys (``min_val``, ``max_val``; histograms are not saved, as in Horizon).
 - The family shape shared with the other families: ``Config`` (:class:`CalibConfig`), ``State`` (the
-  averaged range, a :class:`~observers_core.MinMaxState`), :func:`init`, :func:`update` (a per-batch
-  method's step), :func:`merge` (replicas' averaged ranges: their mean) and :func:`qparams`.
+  averaged range, a :class:`~observers_core.MinMaxState`; for ``method="kl"`` a :class:`KLState`),
+  :func:`init`, :func:`update` (one batch), :func:`merge` (replicas' averaged ranges: their mean; KL's
+  accumulators exactly) and :func:`qparams`.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ __all__ = [
     "MIX_CANDIDATES", "STATE_KEYS", "CalibConfig", "Config", "State", "init", "merge", "qparams", "update", "KLAccumulator", "abs_histogram", "average_range",
     "batch_update", "candidate_errors", "check_accumulator_channels", "clip_range", "describe", "kl_accumulate",
     "kl_channels_differ", "kl_init", "kl_merge",
-    "kl_pending_message", "kl_update", "make_config", "mix_range", "observed_range", "positive_levels",
+    "kl_pending_message", "kl_update", "KLState", "kl_state_init", "kl_state_update", "kl_state_merge", "make_config", "mix_range", "observed_range", "positive_levels",
     "search_amax", "with_spec",
 ]  # fmt: skip
 
@@ -498,6 +502,43 @@ def kl_update(state: MinMaxState, acc: KLAccumulator, /, *, config: CalibConfig,
     return average_range(state, lo, hi, config.averaging_constant, xp)
 
 
+class KLState(NamedTuple):
+    """KLObserver's whole state: ``range`` (the averaged range, what the qparams read), ``acc`` (the
+    histogram of ``|x|`` and the finite range accumulated over every batch) and ``steps`` (0-d int32: the
+    batches counted)."""
+
+    range: MinMaxState
+    acc: KLAccumulator
+    steps: Array
+
+
+def kl_state_init(num_channels: int | None, *, bins: int, device: Any, xp: Any) -> KLState:
+    """A KL state that has seen nothing (per tensor, or of ``num_channels`` channels)."""
+    return KLState(minmax_init(num_channels=num_channels, device=device, xp=xp),
+                   kl_init(num_channels, bins=bins, device=device, xp=xp),
+                   xp.asarray(0, dtype=xp.int32, device=device))
+
+
+def kl_state_update(state: KLState, x: Array, /, *, axis: int | None, config: CalibConfig, xp: Any,
+                    collective: Any = None) -> KLState:
+    """One batch of KLObserver: ``x`` counted into the accumulator (:func:`kl_accumulate`), and on every
+    ``update_interval``-th batch the KL update of the range (:func:`kl_update`), chosen with ``where`` (no
+    host branch: the same under ``jit``). The stateful observers' result, bit for bit."""
+    acc = kl_accumulate(state.acc, x, axis=axis, xp=xp, collective=collective)
+    steps = state.steps + 1
+    due = (steps % config.update_interval) == 0
+    new = kl_update(state.range, acc, config=config, xp=xp)
+    kept = MinMaxState(*(xp.where(due, n, o) for n, o in zip(new, state.range)))
+    return KLState(kept, acc, steps)
+
+
+def kl_state_merge(a: KLState, b: KLState, /, *, xp: Any = None) -> KLState:
+    """Replicas' KL states: the mean of the averaged ranges (:func:`~observers_core.moving_average_merge`),
+    the accumulators merged exactly (:func:`kl_merge`), the larger batch count."""
+    xp = array_namespace(a.steps) if xp is None else xp
+    return KLState(moving_average_merge(a.range, b.range), kl_merge(a.acc, b.acc, xp=xp), xp.maximum(a.steps, b.steps))
+
+
 def kl_pending_message(owner: str, steps: int, update_interval: int) -> str:
     return (
         f"{owner} has not run a KL update yet: it runs every update_interval={update_interval} observed "
@@ -512,28 +553,32 @@ State = MinMaxState
 
 
 def init(config: Config, /, *, num_channels: int | None = None, device: Any = None, xp: Any = None) -> State:
-    """The averaged range before any step (``+inf``/``-inf``): 0-d, or ``(num_channels,)`` per channel."""
+    """The averaged range before any step (``+inf``/``-inf``): 0-d, or ``(num_channels,)`` per channel (KL:
+    a :class:`KLState`)."""
     if xp is None:
         import array_api_compat.numpy as xp
+    if config.method == "kl":
+        return kl_state_init(num_channels, bins=config.bins, device=device, xp=xp)
     return minmax_init(num_channels=num_channels, device=device, xp=xp)
 
 
 def update(config: Config, state: State, x: Array, /, *, axis: int | None = None, collective: Any = None) -> State:
-    """One step of a per-batch method (percentile, MSE, Mix): :func:`batch_update`'s state (``axis``: the
-    channel axis of ``x`` per channel). KL has no single step: it is :func:`kl_accumulate` over batches,
-    then :func:`kl_update` (``ValueError`` here)."""
+    """One batch (``axis``: the channel axis of ``x`` per channel): :func:`batch_update`'s state for the
+    per-batch methods (percentile, MSE, Mix), :func:`kl_state_update` for KL (a :class:`KLState`)."""
     if config.method == "kl":
-        raise ValueError("method='kl' has no per-batch update: accumulate with kl_accumulate, then kl_update")
+        return kl_state_update(state, x, axis=axis, config=config, xp=array_namespace(x), collective=collective)
     return batch_update(state, x, axis=axis, config=config, xp=array_namespace(x), collective=collective)[0]
 
 
 def merge(config: Config, a: State, b: State, /) -> State:
     """Data-parallel replicas' averaged ranges: their mean (:func:`~observers_core.moving_average_merge`),
     as for the min/max family's moving average (not one pass over both shards; sync each step with a
-    collective for that). KL accumulators merge exactly with :func:`kl_merge`."""
+    collective for that). KL states: :func:`kl_state_merge` (accumulators exactly)."""
+    if config.method == "kl":
+        return kl_state_merge(a, b)
     return moving_average_merge(a, b)
 
 
 def qparams(config: Config, state: State, /) -> Any:
-    """``calculate_qparams(min_val, max_val, config.spec)``."""
-    return minmax_qparams(state, config.spec)
+    """``calculate_qparams(min_val, max_val, config.spec)`` of the averaged range."""
+    return minmax_qparams(state.range if isinstance(state, KLState) else state, config.spec)
