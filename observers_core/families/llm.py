@@ -1,0 +1,641 @@
+"""The LLM family: llm-compressor 0.14's observers over compressed-tensors 0.19's formats, as pure
+array-API functions.
+
+Every value is first flattened as llm-compressor's ``flatten_for_calibration`` does (:func:`flatten`):
+``(num_observations, *qparam_shape, group_size)``; statistics are per ``qparam_shape`` entry.
+
+- ``observe``: the batch's range, ``min``/``max`` over axes ``(0, -1)``, or the MSE grid search of it
+  (:func:`grid_search`: candidates ``p * [min, max] * expand`` with ``p = 1 - i / grid``; error
+  ``sum |fq(x) - x| ** norm`` (times the normalised importance ``E[x^2]`` per input channel for
+  ``search="imatrix"``); llm-compressor's early stop after ``patience`` steps in which no group improved).
+  Every candidate is evaluated at once (in chunks of ``chunk_elements`` values); the stopping rule is
+  applied to the error table afterwards: the same choice as the eager loop, no host read per step.
+- ``update`` (``mode``): ``"memoryless"`` keeps the last batch's range, ``"static"`` the running
+  ``min``/``max``, ``"moving"`` the moving average ``old * (1 - c) + new * c`` (the first batch sets it).
+- ``qparams``: compressed-tensors' ``calculate_qparams`` step for step (:func:`calculate_qparams`):
+  ``scale = max(|min|, |max|) / ((qmax - qmin) / 2)`` (symmetric) or ``(max - min) / (qmax - qmin)``
+  with ``zp = clamp(qmin - min / scale)``; times the global scale; rounded to ``scale_dtype``
+  (float16, bfloat16, E4M3, or E8M0 codes for MX: ``127 + floor(log2(pow2(amax))) - floor(log2(emax))``
+  then ``2 ** (code - 127)``); zeros replaced by the scale dtype's eps.
+- NVFP4 (``strategy="tensor_group"``): one float32 global scale ``448 * 6 / amax`` (:func:`global_scale`),
+  ``amax`` taken over every tensor of a fused group (q/k/v, gate/up), then E4M3 block scales of 16.
+- Importance (:class:`Importance`): ``sum x^2`` per input channel and the token count; ``merge`` adds
+  them (what a DDP all-reduce does), ``importance`` is ``sum / count``.
+
+Dtypes are names: ``"float32"``, ``"float16"``, ``"bfloat16"``, ``"float8_e4m3fn"``, ``"uint8"`` (E8M0 /
+integer codes), ``"int8"``/``"int16"``/``"int32"`` (zero points). A float8 zero point is returned as
+float32 values that are exactly representable in E4M3 (the adapter casts).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .._mx import MX_ELEMENTS, _scale_by_pow2, floor_log2, round_to_element
+from .._namespace import _half_dtypes, array_namespace, clamp, device_of, size
+from .._validate import check_bool, check_choice, check_float, check_int
+
+__all__ = [
+    "Config", "State", "Importance", "QParams", "STRATEGIES", "SCALE_DTYPES", "MODES", "SEARCHES",
+    "flatten", "init", "observe", "update", "merge", "qparams", "calculate_qparams", "global_scale",
+    "fused_global_scale", "fake_quantize", "grid_search", "error_table", "select_candidates",
+    "importance_init", "importance_update", "importance_merge", "importance", "normalized_importance",
+    "quant_range",
+]
+
+Array = Any
+
+STRATEGIES = ("tensor", "channel", "group", "tensor_group", "block", "token")
+SCALE_DTYPES = (None, "float32", "float16", "bfloat16", "float8_e4m3fn", "uint8")
+ZP_DTYPES = ("int8", "int16", "int32", "uint8", "float8_e4m3fn")
+MODES = ("memoryless", "static", "moving")
+SEARCHES = (None, "mse", "imatrix")
+
+FP8_E4M3_MAX = 448.0
+FP4_E2M1_MAX = 6.0
+_FLOAT_EPS = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7, "float64": 2.0**-52,
+              "float8_e4m3fn": 0.125}
+_FLOAT_MAX = {"float32": 3.4028234663852886e38, "float16": 65504.0, "bfloat16": 3.3895313892515355e38,
+              "float8_e4m3fn": FP8_E4M3_MAX}
+_FLOAT32_TINY = 2.0**-126
+_INT_RANGE = {"int8": (-128, 127), "int16": (-(2**15), 2**15 - 1), "int32": (-(2**31), 2**31 - 1),
+              "uint8": (0, 255)}
+#: floor(log2(element max)) for the MX element formats (E2M1: 6 -> 2, E4M3: 448 -> 8)
+_MX_ELEM_OFFSET = {4: 2, 8: 8}
+
+
+class QParams(NamedTuple):
+    """``scale`` (the values' dtype unless rounded), ``zero_point`` (``zp_dtype``'s values), ``global_scale``
+    (float32 ``(1,)`` for ``tensor_group``, else ``None``)."""
+
+    scale: Array
+    zero_point: Array
+    global_scale: Array | None = None
+
+
+class State(NamedTuple):
+    """The range per qparam (``qparam_shape``), in the observed dtype, and the number of batches seen
+    (int64 0-d); ``min_vals = +inf``, ``max_vals = -inf`` before the first batch."""
+
+    min_vals: Array
+    max_vals: Array
+    count: Array
+
+
+class Importance(NamedTuple):
+    """``sum`` of ``x^2`` per input channel (float32) and ``count`` of tokens (int64 0-d)."""
+
+    sum: Array
+    count: Array
+
+
+@dataclass(frozen=True)
+class Config:
+    """compressed-tensors' ``QuantizationArgs`` fields that matter here, and llm-compressor's observer
+    options.
+
+    ``type`` ``"int"``/``"float"``; ``num_bits`` (int: 1..32, float: 4 or 8); ``strategy`` one of
+    :data:`STRATEGIES`; ``group_size`` for group/tensor_group; ``block_structure`` ``(rows, cols)`` for
+    block; ``scale_dtype`` one of :data:`SCALE_DTYPES`; ``zp_dtype`` (``None``: compressed-tensors' default,
+    E4M3 for float types, the smallest int holding ``num_bits`` for ints). ``mode`` one of :data:`MODES`;
+    ``averaging_constant`` for ``"moving"``. ``search`` ``None`` (the plain range), ``"mse"``
+    (memoryless_mse's loop: ``int(maxshrink * grid)`` steps, errors in the observed dtype) or ``"imatrix"``
+    (imatrix_mse's loop: ``max(1, int(maxshrink * grid)) + 1`` steps, float32 errors, ``patience=0`` never
+    stops); ``maxshrink``, ``patience``, ``grid``, ``norm``, ``expand`` as llm-compressor's observer_kwargs;
+    ``chunk_elements`` bounds the values evaluated at once."""
+
+    num_bits: int = 8
+    type: str = "int"
+    symmetric: bool = True
+    strategy: str = "tensor"
+    group_size: int | None = None
+    block_structure: tuple[int, int] | None = None
+    scale_dtype: str | None = None
+    zp_dtype: str | None = None
+    mode: str = "memoryless"
+    averaging_constant: float = 0.01
+    search: str | None = None
+    maxshrink: float = 0.2
+    patience: int = 5
+    grid: float = 100.0
+    norm: float = 2.4
+    expand: float = 1.0
+    chunk_elements: int = 2**20
+
+    def __post_init__(self) -> None:
+        check_choice(self.type, "type", ("int", "float"))
+        check_int(self.num_bits, "num_bits", minimum=1, maximum=32)
+        if self.type == "float" and self.num_bits not in (4, 8):
+            raise ValueError(f"num_bits={self.num_bits!r} is not allowed for type='float'; allowed: 4, 8")
+        check_bool(self.symmetric, "symmetric")
+        if self.type == "float" and self.num_bits == 4 and not self.symmetric:
+            raise ValueError("symmetric=False is not supported for FP4 (compressed-tensors raises too)")
+        check_choice(self.strategy, "strategy", STRATEGIES)
+        if self.strategy in ("group", "tensor_group"):
+            check_int(self.group_size, "group_size", minimum=1)
+        elif self.group_size is not None:
+            raise ValueError(f"group_size={self.group_size!r} needs strategy 'group' or 'tensor_group'")
+        if self.strategy == "block":
+            if not (isinstance(self.block_structure, (tuple, list)) and len(self.block_structure) == 2):
+                raise ValueError(f"block_structure={self.block_structure!r} must be (rows, cols) for strategy 'block'")
+            object.__setattr__(self, "block_structure", tuple(
+                check_int(v, "block_structure", minimum=1) for v in self.block_structure))
+        elif self.block_structure is not None:
+            raise ValueError(f"block_structure={self.block_structure!r} needs strategy 'block'")
+        check_choice(self.scale_dtype, "scale_dtype", SCALE_DTYPES)
+        if self.zp_dtype is None:
+            zp = "float8_e4m3fn" if self.type == "float" else (
+                "int8" if self.num_bits <= 8 else "int16" if self.num_bits <= 16 else "int32")
+            object.__setattr__(self, "zp_dtype", zp)
+        check_choice(self.zp_dtype, "zp_dtype", ZP_DTYPES)
+        check_choice(self.mode, "mode", MODES)
+        object.__setattr__(self, "averaging_constant", check_float(self.averaging_constant, "averaging_constant"))
+        check_choice(self.search, "search", SEARCHES)
+        object.__setattr__(self, "maxshrink", check_float(self.maxshrink, "maxshrink", minimum=0.0))
+        check_int(self.patience, "patience", minimum=0)
+        object.__setattr__(self, "grid", check_float(self.grid, "grid"))
+        if self.grid <= 0:
+            raise ValueError(f"grid={self.grid!r} must be > 0")
+        norm = check_float(self.norm, "norm")
+        if norm <= 0:
+            raise ValueError(f"norm={self.norm!r} must be > 0")
+        expand = check_float(self.expand, "expand")
+        if expand < 1.0:
+            raise ValueError(f"expand={self.expand!r} must be at least 1.0")
+        check_int(self.chunk_elements, "chunk_elements", minimum=1)
+
+    @property
+    def is_mx(self) -> bool:
+        """compressed-tensors' ``should_generate_mx_scales``: float 4/8 bits, groups of 32, uint8 scales."""
+        return (self.type == "float" and self.num_bits in (4, 8) and self.group_size == 32
+                and self.scale_dtype == "uint8")
+
+    def shrink_factors(self) -> list[float]:
+        """The candidates ``p`` of the grid search, as Python floats (llm-compressor's ``1 - i / grid``)."""
+        if self.search == "imatrix":
+            steps = max(1, int(self.maxshrink * self.grid)) + 1
+        else:
+            steps = int(self.maxshrink * self.grid)
+        return [1 - i / self.grid for i in range(steps)]
+
+
+def quant_range(config: Config) -> tuple[float, float]:
+    """``(qmin, qmax)``: ``[-2**(b-1), 2**(b-1) - 1]`` for ints, ``+/-448`` (E4M3), ``+/-6`` (E2M1)."""
+    if config.type == "int":
+        half = 2.0**config.num_bits / 2
+        return -half, half - 1
+    top = FP8_E4M3_MAX if config.num_bits == 8 else FP4_E2M1_MAX
+    return -top, top
+
+
+# ---------------------------------------------------------------------------------------------- layout
+
+
+def flatten(x: Array, config: Config, /, *, role: str = "weight", xp: Any = None) -> Array:
+    """llm-compressor's ``flatten_for_calibration``: ``(num_observations, *qparam_shape, group_size)``.
+
+    ``role``: ``"weight"`` (2-D ``(rows, cols)``), ``"activation"`` (``(..., hidden)``) or ``"attention"``
+    (``(batch, heads, seq, head_dim)``). A group size that does not divide the columns is a ValueError
+    naming ``group_size``; blocks are zero-padded as compressed-tensors pads them."""
+    xp = array_namespace(x, xp=xp)
+    check_choice(role, "role", ("weight", "activation", "attention"))
+    s = config.strategy
+    if role in ("weight", "activation") and s in ("group", "tensor_group") and x.shape[-1] % config.group_size:
+        raise ValueError(f"group_size={config.group_size} does not divide the last axis of x (size {x.shape[-1]})")
+    if role == "weight":
+        if x.ndim != 2:
+            raise ValueError(f"a weight must be 2-D (rows, cols), got shape {tuple(x.shape)}")
+        rows, cols = x.shape
+        if s == "tensor":
+            return xp.reshape(x, (1, 1, -1))
+        if s == "channel":
+            return xp.reshape(x, (1, rows, 1, cols))
+        if s in ("group", "tensor_group"):
+            return xp.reshape(x, (1, rows, cols // config.group_size, config.group_size))
+        if s == "block":
+            bh, bw = config.block_structure
+            pr, pc = (-rows) % bh, (-cols) % bw
+            if pr or pc:
+                z = xp.zeros((rows + pr, cols + pc), dtype=x.dtype, device=device_of(x))
+                x = xp.concat([xp.concat([x, z[:rows, cols:]], axis=1), z[rows:, :]], axis=0)
+                rows, cols = rows + pr, cols + pc
+            blocks = xp.reshape(x, (rows // bh, bh, cols // bw, bw))
+            return xp.reshape(xp.permute_dims(blocks, (0, 2, 1, 3)), (1, rows // bh, cols // bw, bh * bw))
+        raise ValueError(f"strategy={s!r} cannot be applied to weights")
+    if role == "activation":
+        h = x.shape[-1]
+        if s == "tensor":
+            return xp.reshape(x, (-1, 1, h))
+        if s == "token":
+            return x
+        if s in ("group", "tensor_group"):
+            return xp.reshape(x, (-1, h // config.group_size, config.group_size))
+        raise ValueError(f"strategy={s!r} cannot be applied to activations")
+    if s == "tensor":
+        b, nh, t, d = x.shape
+        return xp.reshape(xp.permute_dims(x, (0, 2, 1, 3)), (b * t, 1, nh * d))
+    raise ValueError(f"strategy={s!r} is not supported for attention states here")
+
+
+# ---------------------------------------------------------------------------------------------- qparams
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def _named_dtype(name: str, xp: Any) -> Any:
+    if name == "bfloat16":
+        halves = _half_dtypes(xp)
+        found = [d for d in halves if _dtype_name(d) == "bfloat16"]
+        if not found:
+            raise TypeError(f"scale_dtype='bfloat16' is not available in {xp.__name__}")
+        return found[0]
+    return getattr(xp, name)
+
+
+def _round_to_float(x: Array, name: str, xp: Any) -> Array:
+    """compressed-tensors' ``round_to_quantized_type_dtype`` for a float dtype: clamp to its finite range,
+    cast, cast back."""
+    top = _FLOAT_MAX[name]
+    x = clamp(x, -top, top, xp)
+    if name == "float8_e4m3fn":
+        return round_to_element(x, MX_ELEMENTS["fp8_e4m3"], xp)
+    if _dtype_name(x.dtype) == name:
+        return x
+    return xp.astype(xp.astype(x, _named_dtype(name, xp)), x.dtype)
+
+
+def _round_to_int(x: Array, name: str, xp: Any) -> Array:
+    """``round(clamp(x, iinfo.min, iinfo.max))`` (values, in ``x``'s dtype)."""
+    lo, hi = _INT_RANGE[name]
+    return xp.round(clamp(x, float(lo), float(hi), xp))
+
+
+def _mx_codes(amax: Array, num_bits: int, xp: Any) -> Array:
+    """compressed-tensors' ``generate_mx_scales`` then the uint8 rounding, in ``amax``'s dtype: the power of
+    two ``amax`` rounds to (mantissa >= 1.75 rounds up; below the smallest normal, ``>= 0.75 * tiny``
+    rounds to it, less to 0), ``code = clip(127 + log2(pow2) - offset, 0, 255)`` (0 for 0, 255 for
+    Inf/NaN and for a power of two beyond the dtype)."""
+    info = xp.finfo(amax.dtype)
+    tiny, top_exp = float(info.smallest_normal), math.frexp(float(info.max))[1] - 1
+    k, p2k = floor_log2(amax, xp)
+    k = k + xp.astype(amax >= p2k * 1.75, k.dtype)
+    code = xp.astype(k, amax.dtype) + float(127 - _MX_ELEM_OFFSET[num_bits])
+    sub_code = float(127 + (math.frexp(tiny)[1] - 1) - _MX_ELEM_OFFSET[num_bits])
+    below = xp.where(amax >= 0.75 * tiny, xp.full_like(code, sub_code), xp.full_like(code, -1.0))
+    code = xp.where(amax < tiny, below, code)
+    code = xp.where((k > top_exp) | xp.isinf(amax), xp.full_like(code, 255.0), code)
+    # NaN: compressed-tensors adds to the bits and masks; a positive quiet NaN becomes +Inf (code 255), a
+    # negative one (torch's vectorised max makes 0xFFFFFFFF) -Inf or 0 (code 0)
+    nan_code = xp.where(xp.signbit(amax), xp.zeros_like(code), xp.full_like(code, 255.0))
+    code = xp.where(xp.isnan(amax), nan_code, code)
+    return _round_to_int(code, "uint8", xp)
+
+
+def calculate_qparams(min_vals: Array, max_vals: Array, config: Config, /, *, global_scale: Array | None = None,
+                      xp: Any = None) -> tuple[Array, Array]:
+    """compressed-tensors 0.19's ``calculate_qparams``: ``(scale, zero_point)`` (see the module docstring);
+    0-d results come back with shape ``(1,)``. Zero points are the rounded values (``zp_dtype``'s)."""
+    xp = array_namespace(min_vals, max_vals, xp=xp)
+    zeros = xp.zeros_like(min_vals)
+    min_vals = xp.minimum(min_vals, zeros) if not _is_torch(xp) else _torch_min(min_vals, zeros)
+    max_vals = xp.maximum(max_vals, zeros) if not _is_torch(xp) else _torch_max(max_vals, zeros)
+    qmin, qmax = quant_range(config)
+    bit_range = qmax - qmin
+    if config.symmetric:
+        amax = _max2(xp.abs(min_vals), xp.abs(max_vals), xp)
+        if config.is_mx:
+            scales = _mx_codes(amax, config.num_bits, xp)
+        else:
+            scales = amax / xp.full((), bit_range / 2, dtype=amax.dtype, device=device_of(amax))
+        zero_points = xp.zeros(scales.shape, dtype=min_vals.dtype, device=device_of(min_vals))
+    else:
+        scales = (max_vals - min_vals) / xp.full((), bit_range, dtype=max_vals.dtype, device=device_of(max_vals))
+        zero_points = clamp(qmin - (min_vals / scales), qmin, qmax, xp)
+    if global_scale is not None:
+        scales = global_scale * scales
+    if config.scale_dtype is not None:
+        if config.scale_dtype == "uint8":
+            scales = _round_to_int(scales, "uint8", xp)
+        else:
+            scales = _round_to_float(scales, config.scale_dtype, xp)
+    if config.is_mx:
+        exps = xp.astype(xp.astype(scales, xp.int32) - 127, xp.int32)
+        ones = xp.ones(scales.shape, dtype=xp.float32, device=device_of(scales))
+        scales = xp.astype(_scale_by_pow2(ones, exps, xp), scales.dtype)
+    eps_name = config.scale_dtype if config.scale_dtype is not None else _dtype_name(scales.dtype)
+    eps = 1.0 if eps_name == "uint8" else _FLOAT_EPS[eps_name]
+    scales = xp.where(scales == 0, xp.full((), eps, dtype=scales.dtype, device=device_of(scales)), scales)
+    if config.zp_dtype == "float8_e4m3fn":
+        zero_points = _round_to_float(zero_points, "float8_e4m3fn", xp)
+    else:
+        zero_points = xp.astype(_round_to_int(zero_points, config.zp_dtype, xp), _named_dtype(config.zp_dtype, xp))
+    if scales.ndim == 0:
+        scales, zero_points = xp.reshape(scales, (1,)), xp.reshape(zero_points, (1,))
+    return scales, zero_points
+
+
+def global_scale(min_vals: Array, max_vals: Array, /, *, xp: Any = None) -> Array:
+    """compressed-tensors' ``generate_gparam``: ``448 * 6 / max(|min|, |max|, tiny)`` as float32 ``(1,)``;
+    NaN and +/-Inf (an all-zero or NaN range) become 1."""
+    xp = array_namespace(min_vals, max_vals, xp=xp)
+    zeros = xp.zeros_like(min_vals)
+    amax = _max2(xp.abs(_min2(min_vals, zeros, xp)), xp.abs(_max2(max_vals, zeros, xp)), xp)
+    amax = clamp(amax, float(xp.finfo(amax.dtype).smallest_normal), None, xp)
+    g = (FP8_E4M3_MAX * FP4_E2M1_MAX) / amax
+    g = xp.where(xp.isnan(g) | xp.isinf(g), xp.ones_like(g), g)
+    return xp.reshape(xp.astype(g, xp.float32), (1,))
+
+
+def fused_global_scale(states: list[tuple[Array, Array]], /, *, xp: Any = None) -> Array:
+    """llm-compressor's ``get_global_scale`` over a fusion group: ``amax`` = the largest ``max`` and
+    ``-min`` of every member's ``(min_vals, max_vals)`` (NaN propagates), then :func:`global_scale`."""
+    if not states:
+        raise ValueError("states must hold at least one (min_vals, max_vals) pair")
+    xp = array_namespace(*[a for pair in states for a in pair], xp=xp)
+    amax = xp.max(states[0][1])
+    for mn, mx in states:
+        amax = _max2(amax, -xp.min(mn), xp)
+        amax = _max2(amax, xp.max(mx), xp)
+    amax = xp.reshape(amax, (1,))
+    return global_scale(-amax, amax, xp=xp)
+
+
+def _is_torch(xp: Any) -> bool:
+    return "torch" in getattr(xp, "__name__", "")
+
+
+def _torch_min(a: Array, b: Array) -> Array:
+    import torch  # only reached with torch tensors
+
+    return torch.min(a, b)
+
+
+def _torch_max(a: Array, b: Array) -> Array:
+    import torch  # only reached with torch tensors
+
+    return torch.max(a, b)
+
+
+def _min2(a: Array, b: Array, xp: Any) -> Array:
+    """Elementwise minimum propagating NaN (torch.min / numpy.minimum)."""
+    return _torch_min(a, b) if _is_torch(xp) else xp.minimum(a, b)
+
+
+def _max2(a: Array, b: Array, xp: Any) -> Array:
+    return _torch_max(a, b) if _is_torch(xp) else xp.maximum(a, b)
+
+
+# ---------------------------------------------------------------------------------------- fake quantize
+
+
+def _round_values(y: Array, config: Config, xp: Any) -> Array:
+    qmin, qmax = quant_range(config)
+    y = clamp(y, qmin, qmax, xp)
+    if config.type == "int":
+        return xp.round(y)
+    fmt = MX_ELEMENTS["fp8_e4m3" if config.num_bits == 8 else "fp4_e2m1"]
+    return round_to_element(y, fmt, xp)
+
+
+def fake_quantize(x: Array, scale: Array, zero_point: Array | None, config: Config, /, *,
+                  global_scale: Array | None = None, xp: Any = None) -> Array:
+    """compressed-tensors' ``_quantize_dequantize`` with ``scale``/``zero_point`` broadcasting against
+    ``x``: ``(clamp_round(x / s + zp) - zp) * s`` with ``s = scale / global_scale``, returned in ``x``'s
+    dtype. A symmetric ``zero_point`` may be ``None`` (adding zero changes nothing but the sign of 0)."""
+    xp = array_namespace(x, xp=xp)
+    if global_scale is not None:
+        scale = scale / global_scale
+    y = x / scale
+    if zero_point is not None:
+        y = y + xp.astype(zero_point, x.dtype)
+    q = xp.astype(_round_values(y, config, xp), scale.dtype, copy=False)
+    if zero_point is not None:
+        q = q - xp.astype(zero_point, scale.dtype)
+    return xp.astype(q * scale, x.dtype, copy=False)
+
+
+# ------------------------------------------------------------------------------------------ grid search
+
+
+def _candidates(base: Array, factors: Array, xp: Any) -> Array:
+    """``base * p`` for every ``p`` (axis 0), as ``tensor * python_float`` computes it: float32 (and
+    float64) directly, float16/bfloat16 in float32 then rounded."""
+    shape = (factors.shape[0],) + (1,) * base.ndim
+    f = xp.reshape(factors, shape)
+    if _dtype_name(base.dtype) in ("float32", "float64"):
+        return base[None, ...] * xp.astype(f, base.dtype)
+    return xp.astype(xp.astype(base, xp.float32)[None, ...] * f, base.dtype)
+
+
+def error_table(observed: Array, min_vals: Array, max_vals: Array, config: Config, /, *,
+                weights: Array | None = None, xp: Any = None) -> tuple[Array, Array, Array]:
+    """Every candidate's error: ``(err, cand_min, cand_max)``, each ``(T, *qparam_shape)``.
+
+    ``err[i] = sum over axes (0, -1) of |fq_i(x) - x| ** norm`` (times ``weights``, shaped like
+    ``observed``), with ``fq_i`` the fake quantizer of the qparams of ``p_i * [min_vals, max_vals]``.
+    Errors are in the observed dtype for ``search="mse"`` and float32 for ``"imatrix"``. Evaluated in
+    chunks of the qparams (and of the candidates) holding about ``chunk_elements`` values each."""
+    xp = array_namespace(observed, xp=xp)
+    cfg = config
+    if cfg.strategy == "tensor_group" and cfg.scale_dtype is not None:
+        from dataclasses import replace
+
+        cfg = replace(cfg, scale_dtype=None)  # the search runs without the global scale
+    factors_list = config.shrink_factors()
+    t = len(factors_list)
+    factors = xp.asarray(factors_list, dtype=xp.float32, device=device_of(observed))
+    cmin, cmax = _candidates(min_vals, factors, xp), _candidates(max_vals, factors, xp)
+    n, gs = observed.shape[0], observed.shape[-1]
+    qshape = tuple(observed.shape[1:-1])
+    g = size(min_vals) if qshape else 1
+    obs3 = xp.reshape(observed, (n, g, gs))
+    w3 = None if weights is None else xp.reshape(weights, (n, g, gs))
+    cmin2, cmax2 = xp.reshape(cmin, (t, g)), xp.reshape(cmax, (t, g))
+    per_group = n * gs
+    budget = cfg.chunk_elements
+    if per_group * t <= budget:  # every candidate at once, as many groups as fit
+        tc, gc = t, max(1, min(g, budget // (per_group * t)))
+    else:  # one group at a time, as many candidates as fit
+        tc, gc = max(1, min(t, budget // per_group)), 1
+    rows = []
+    for g0 in range(0, g, gc):
+        g1 = min(g, g0 + gc)
+        xg = obs3[:, g0:g1, :]
+        wg = None if w3 is None else w3[:, g0:g1, :]
+        cols = []
+        for t0 in range(0, t, tc):
+            t1 = min(t, t0 + tc)
+            s, z = calculate_qparams(cmin2[t0:t1, g0:g1], cmax2[t0:t1, g0:g1], cfg, xp=xp)
+            s4 = s[:, None, :, None]
+            z4 = None if cfg.symmetric else z[:, None, :, None]
+            q = fake_quantize(xg[None, ...], s4, z4, cfg, xp=xp)
+            if cfg.search == "imatrix":
+                d = xp.abs(xp.astype(q, xp.float32) - xp.astype(xg, xp.float32)[None, ...]) ** cfg.norm
+                if wg is not None:
+                    d = d * wg[None, ...]
+            else:
+                d = xp.abs(q - xg[None, ...]) ** cfg.norm
+            cols.append(xp.sum(d, axis=(1, 3)))
+        rows.append(cols[0] if len(cols) == 1 else xp.concat(cols, axis=0))
+    err = rows[0] if len(rows) == 1 else xp.concat(rows, axis=1)
+    full = (t,) + tuple(min_vals.shape)
+    return xp.reshape(err, full), cmin, cmax
+
+
+def select_candidates(err: Array, cand_min: Array, cand_max: Array, min_vals: Array, max_vals: Array,
+                      config: Config, /, *, xp: Any = None) -> tuple[Array, Array]:
+    """llm-compressor's stopping rule applied to the whole error table: step ``i`` improves a group when
+    ``err[i] < best`` (``best`` starts at the error dtype's max; NaN never improves); the loop stops after
+    ``patience`` consecutive steps in which no group improved (imatrix: never when ``patience == 0``).
+    The range of each group's last improving step among those run, else ``(min_vals, max_vals)``."""
+    xp = array_namespace(err, xp=xp)
+    t = err.shape[0]
+    big = float(xp.finfo(err.dtype).max)
+    best = xp.full(err.shape[1:], big, dtype=err.dtype, device=device_of(err))
+    never = xp.full(err.shape[1:], -1, dtype=xp.int32, device=device_of(err))
+    pick = never
+    stopped = xp.zeros((), dtype=xp.bool, device=device_of(err))
+    stale = xp.zeros((), dtype=xp.int32, device=device_of(err))
+    reduce_axes = tuple(range(err.ndim - 1))
+    stops = config.patience > 0 or config.search != "imatrix"
+    for i in range(t):
+        e = err[i, ...]
+        improved = (e < best) & ~stopped
+        best = xp.where(improved, e, best)
+        pick = xp.where(improved, xp.full_like(pick, i), pick)
+        if reduce_axes:
+            any_improved = xp.any(improved, axis=reduce_axes)
+        else:
+            any_improved = improved
+        stale = xp.where(any_improved, xp.zeros_like(stale), stale + 1)
+        if stops:
+            stopped = stopped | (~any_improved & (stale >= config.patience))
+    best_min, best_max = min_vals, max_vals
+    for i in range(t):
+        hit = pick == i
+        best_min = xp.where(hit, cand_min[i, ...], best_min)
+        best_max = xp.where(hit, cand_max[i, ...], best_max)
+    return best_min, best_max
+
+
+def grid_search(observed: Array, config: Config, /, *, weights: Array | None = None,
+                xp: Any = None) -> tuple[Array, Array]:
+    """The searched ``(min_vals, max_vals)`` of a flattened batch (see the module docstring)."""
+    xp = array_namespace(observed, xp=xp)
+    mn = xp.min(observed, axis=(0, observed.ndim - 1)) * config.expand
+    mx = xp.max(observed, axis=(0, observed.ndim - 1)) * config.expand
+    if not config.shrink_factors():
+        return mn, mx
+    err, cmin, cmax = error_table(observed, mn, mx, config, weights=weights, xp=xp)
+    return select_candidates(err, cmin, cmax, mn, mx, config, xp=xp)
+
+
+# -------------------------------------------------------------------------------- state: init / update
+
+
+def init(config: Config, /, *, qparam_shape: tuple[int, ...], dtype: Any = None, device: Any = None,
+         xp: Any = None) -> State:
+    """Nothing seen: ``+inf``/``-inf`` of ``qparam_shape`` and ``count = 0``."""
+    if xp is None:
+        import array_api_compat.numpy as xp
+    dtype = xp.float32 if dtype is None else dtype
+    return State(xp.full(qparam_shape, math.inf, dtype=dtype, device=device),
+                 xp.full(qparam_shape, -math.inf, dtype=dtype, device=device),
+                 xp.zeros((), dtype=xp.int64, device=device))
+
+
+def observe(config: Config, observed: Array, /, *, weights: Array | None = None, xp: Any = None) -> tuple[Array, Array]:
+    """One flattened batch's ``(min_vals, max_vals)``: the range over axes ``(0, -1)``, or the grid search."""
+    xp = array_namespace(observed, xp=xp)
+    if config.search is not None:
+        return grid_search(observed, config, weights=weights, xp=xp)
+    return xp.min(observed, axis=(0, observed.ndim - 1)), xp.max(observed, axis=(0, observed.ndim - 1))
+
+
+def update(config: Config, state: State, observed: Array, /, *, weights: Array | None = None, xp: Any = None) -> State:
+    """The state after one flattened batch (an empty batch changes nothing, as llm-compressor)."""
+    xp = array_namespace(observed, xp=xp)
+    if size(observed) == 0:
+        return state
+    mn, mx = observe(config, observed, weights=weights, xp=xp)
+    if tuple(mn.shape) != tuple(state.min_vals.shape):
+        raise ValueError(f"observed has qparam shape {tuple(mn.shape)}, the state {tuple(state.min_vals.shape)}")
+    first = state.count == 0
+    if config.mode == "static":
+        mn = xp.where(first, mn, _min2(mn, state.min_vals, xp))
+        mx = xp.where(first, mx, _max2(mx, state.max_vals, xp))
+    elif config.mode == "moving" and config.averaging_constant != 1.0:
+        c = config.averaging_constant
+        mn = xp.where(first, mn, state.min_vals * (1.0 - c) + mn * c)
+        mx = xp.where(first, mx, state.max_vals * (1.0 - c) + mx * c)
+    return State(mn, mx, state.count + 1)
+
+
+def merge(config: Config, a: State, b: State, /, *, xp: Any = None) -> State:
+    """``"static"``: the elementwise min/max (exactly the range of both shards); ``"memoryless"``: ``b``
+    (the later batch). A moving average has no exact merge (ValueError): sync its batches instead."""
+    xp = array_namespace(a.min_vals, xp=xp)
+    if config.mode == "memoryless":
+        return b if not _is_zero(b.count, xp) else a
+    if config.mode == "moving":
+        raise ValueError("mode='moving' has no exact merge: a moving average depends on the batch order")
+    return State(_min2(a.min_vals, b.min_vals, xp), _max2(a.max_vals, b.max_vals, xp), a.count + b.count)
+
+
+def _is_zero(count: Array, xp: Any) -> bool:
+    return bool(count == 0)  # a host read on merge only (a 0-d count)
+
+
+def qparams(config: Config, state: State, /, *, global_scale: Array | None = None, xp: Any = None) -> QParams:
+    """:func:`calculate_qparams` of the state (``tensor_group``: with ``global_scale``, default the
+    state's own :func:`global_scale`)."""
+    xp = array_namespace(state.min_vals, xp=xp)
+    if config.strategy == "tensor_group" and global_scale is None:
+        global_scale = fused_global_scale([(state.min_vals, state.max_vals)], xp=xp)
+    scale, zp = calculate_qparams(state.min_vals, state.max_vals, config, global_scale=global_scale, xp=xp)
+    return QParams(scale, zp, global_scale)
+
+
+# ------------------------------------------------------------------------------------------ importance
+
+
+def importance_init(channels: int, /, *, device: Any = None, xp: Any = None) -> Importance:
+    """Zero sums of ``channels`` input channels, count 0."""
+    if xp is None:
+        import array_api_compat.numpy as xp
+    check_int(channels, "channels", minimum=0)
+    return Importance(xp.zeros((channels,), dtype=xp.float32, device=device),
+                      xp.zeros((), dtype=xp.int64, device=device))
+
+
+def importance_update(state: Importance, x: Array, /, *, xp: Any = None) -> Importance:
+    """Adds ``sum over tokens of x^2`` (float32) per last-axis channel and the token count."""
+    xp = array_namespace(x, xp=xp)
+    if x.shape[-1] != state.sum.shape[0]:
+        raise ValueError(f"x has {x.shape[-1]} channels on its last axis, the state {state.sum.shape[0]}")
+    xf = xp.astype(x, xp.float32)
+    tokens = math.prod(x.shape[:-1])
+    part = xp.sum(xf**2, axis=tuple(range(x.ndim - 1))) if x.ndim > 1 else xf**2
+    return Importance(state.sum + part, state.count + tokens)
+
+
+def importance_merge(a: Importance, b: Importance, /) -> Importance:
+    """Sums and counts added (a DDP all-reduce SUM): merging shards in batch order gives the single pass."""
+    return Importance(a.sum + b.sum, a.count + b.count)
+
+
+def importance(state: Importance, /, *, xp: Any = None) -> Array:
+    """``E[x^2]`` per input channel: ``sum / count`` (float32)."""
+    xp = array_namespace(state.sum, xp=xp)
+    return state.sum / xp.astype(state.count, xp.float32)
+
+
+def normalized_importance(imp: Array, /, *, xp: Any = None) -> Array:
+    """``imp / (mean(imp) + tiny)`` in float32 (llm-compressor's normalisation)."""
+    xp = array_namespace(imp, xp=xp)
+    imp = xp.astype(imp, xp.float32)
+    return imp / (xp.mean(imp) + _FLOAT32_TINY)
