@@ -128,6 +128,11 @@ def _jax_aminmax(x: Array, axes: tuple[int, ...] | None, masked: bool) -> tuple[
     from jax import lax
 
     x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.floating) and not np.isinf(np.array(np.inf, dtype=x.dtype)):
+        # float8 formats without infinities (e4m3fn, e4m3fnuz): the identity would be NaN; reduce the exact
+        # float32 values (the cast is fused into the reduction) and cast the results, elements of x, back
+        lo, hi = _jax_aminmax(x.astype(jnp.float32), axes, masked)
+        return lo.astype(x.dtype), hi.astype(x.dtype)
     dims = tuple(range(x.ndim)) if axes is None else tuple(sorted(a % x.ndim for a in axes))
     if jnp.issubdtype(x.dtype, jnp.floating):
         low, high = jnp.inf, -jnp.inf

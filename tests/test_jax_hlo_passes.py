@@ -193,3 +193,9 @@ def test_one_pass_reduction_values(axes, ignore_nonfinite):
         lo, hi = fn(jnp.asarray(a))
         want_lo, want_hi = _reference(a, axes, ignore_nonfinite)
         assert np.asarray(lo).dtype == dtype and np.array_equal(lo, want_lo) and np.array_equal(hi, want_hi)
+    for dtype in (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.bfloat16):  # e4m3fn has no infinity (identity)
+        a = rng.standard_normal((64, 4, 128)).astype(dtype)
+        lo, hi = fn(jnp.asarray(a))
+        want_lo, want_hi = _reference(a.astype(np.float32), axes, ignore_nonfinite)
+        assert np.asarray(lo).dtype == dtype
+        assert np.array_equal(np.asarray(lo, np.float32), want_lo) and np.array_equal(np.asarray(hi, np.float32), want_hi)
