@@ -32,6 +32,7 @@ def _total(state) -> int:
     return int(to_numpy(state.counts).sum())
 
 
+@pytest.mark.slow  # a hypothesis campaign on every backend
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=st.lists(_values, min_size=1, max_size=4), absolute=st.booleans(), zeros_first=st.booleans())
 def test_updates_never_fail_and_keep_every_count(backend, batches, absolute, zeros_first):
@@ -114,6 +115,7 @@ def test_shards_at_float32_max_and_inf_merge_as_a_single_pass(backend, case, abs
         np.testing.assert_array_equal(to_numpy(v), to_numpy(u), err_msg=field)
 
 
+@pytest.mark.slow  # a hypothesis campaign on every backend
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shards=st.lists(st.lists(st.sampled_from(_EXTREMES), min_size=1, max_size=4), min_size=2, max_size=4),
        absolute=st.booleans(), bins=st.sampled_from([2, 3, 8, 2048]))
