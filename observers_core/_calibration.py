@@ -1299,22 +1299,32 @@ def _floor_div(v: Array, w: Array, xp: Any) -> Array:
     return xp.where((q == 0) & (v < 0), -1.0, xp.floor(q))
 
 
+def _range_caps(dtype: Any, xp: Any) -> tuple[float, float]:
+    """The grid's range caps ``-2**emax`` and ``2**emax (1 - 2**-digits)``, the largest float below ``2**emax``
+    (float32: ``+-2**127``; float64: ``+-2**1023``)."""
+    digits, emax = (53, 1023) if dtype == xp.float64 else (24, 127)
+    return -(2.0**emax), 2.0**emax * (1 - 2.0**-digits)
+
+
 def _grid(low: Array, high: Array, min_width: Array, bins: int, xp: Any) -> tuple[Array, Array]:
     """The canonical grid for the range ``[low, high]``: the smallest power-of-two width ``w`` with
     ``w >= min_width``, ``w >= max(|low|, |high|) * 2**(2 - digits)`` (every ``x / w`` then has an exact
     integer part) and ``floor(high / w) - floor(low / w) < bins``; ``lo = floor(low / w) * w``.
-    The range is capped to ``[-2**emax, 2**emax)`` (2**127 in float32) so the grid stays finite; values
-    beyond fall into the end bins. An empty range (``low > high``) gives ``(0, 0)``. Host NumPy arrays go
+    Both bounds are clamped into ``[-2**emax, 2**emax)`` (2**127 in float32, :func:`_range_caps`) so the
+    grid stays finite, and values beyond count as the caps (binning caps them: a value at float32's maximum
+    falls in the bin of ``2**127``'s predecessor on every grid, so re-binning moves it where a single pass
+    bins it). An empty range (``low > high``) gives ``(0, 0)``. Host NumPy arrays go
     through :func:`_grid_host` (the same bits)."""
     fast = _grid_host(low, high, min_width, bins, xp)
     if fast is not None:
         return fast
     dtype = low.dtype
-    digits, emax = (53, 1023) if dtype == xp.float64 else (24, 127)
+    digits = 53 if dtype == xp.float64 else 24
+    low_cap, high_cap = _range_caps(dtype, xp)
     smallest_normal = 2.0**-1022 if dtype == xp.float64 else 2.0**-126
     empty = ~(low <= high)
-    low = xp.where(empty, 0.0, clamp(low, -(2.0**emax), None, xp))
-    high = xp.where(empty, 0.0, clamp(high, None, 2.0**emax * (1 - 2.0**-digits), xp))
+    low = xp.where(empty, 0.0, clamp(low, low_cap, high_cap, xp))
+    high = xp.where(empty, 0.0, clamp(high, low_cap, high_cap, xp))
     need = xp.maximum(high / bins - low / bins, min_width)
     need = xp.maximum(need, clamp(xp.maximum(xp.abs(low), xp.abs(high)) * 2.0 ** (2 - digits), smallest_normal, None, xp))
     width = _pow2_at_least(need, xp)
@@ -1333,22 +1343,33 @@ def _grid_host(low: Array, high: Array, min_width: Array, bins: int, xp: Any) ->
             v.dtype != views[0].dtype or v.shape != views[0].shape for v in views):
         return None
     t = views[0].dtype.type
-    digits, emax, smallest_normal = (53, 1023, 2.0**-1022) if t is np.float64 else (24, 127, 2.0**-126)
+    digits, smallest_normal = (53, 2.0**-1022) if t is np.float64 else (24, 2.0**-126)
+    low_cap, high_cap = _range_caps(views[0].dtype, np)
     lo, width = np.empty_like(views[0]), np.empty_like(views[0])
-    if not grid_kernel(*views, t(bins), t(-(2.0**emax)), t(2.0**emax * (1 - 2.0**-digits)), t(2.0 ** (2 - digits)),
-                       t(smallest_normal), lo, width):
+    if not grid_kernel(*views, t(bins), t(low_cap), t(high_cap), t(2.0 ** (2 - digits)), t(smallest_normal), lo, width):
         return None
     return lo, width
 
 
+def _div_pow2(x: Array, w: Array, xp: Any) -> Array:
+    """``x / w`` for powers of two ``w`` and multiples ``x`` of ``w``, exactly, also where ``1 / w`` is
+    subnormal: XLA divides by a broadcast divisor as a multiplication by its reciprocal, and on the CPU
+    flushes ``1 / 2**127`` to 0. Both are scaled by ``2**-64`` where ``w >= 2**64`` (exact: ``x / 2**64`` is a
+    multiple of ``w / 2**64 >= 1``)."""
+    s = xp.where(w >= 2.0**64, xp.full_like(w, 2.0**-64), 1.0)
+    return (x * s) / (w * s)
+
+
 def _rebin(counts: Array, lo: Array, width: Array, new_lo: Array, new_width: Array, xp: Any) -> Array:
     """Counts of the grid ``(lo, width)`` on the coarser aligned grid ``(new_lo, new_width)``, exactly:
-    new bin ``m`` (left edge ``e_m = new_lo + m * new_width``) takes the old bins from
-    ``first_m = clip((e_m - lo) / width, 0, bins)`` on, summed through prefix sums; the first and last
+    new bin ``m`` (left edge ``e_m = (new_lo / new_width + m) * new_width``) takes the old bins from
+    ``first_m = clip(e_m / width - lo / width, 0, bins)`` on, summed through prefix sums; the first and last
     new bins also take every old bin below or beyond the new grid (as binning clips into the end bins).
-    Both grids are multiples of ``width``, so ``e_m - lo`` and the division are exact wherever the result
-    lies in ``[0, bins]``; outside it they may round or overflow to ``+-inf`` and are clipped (no ratio of
-    widths is formed: ``new_width / width`` overflows float32 for a zeros-only state at ``2**-126``).
+    Both grids are multiples of ``width``, so ``e_m`` and ``first_m`` are exact wherever the result lies in
+    ``[0, bins]``; outside it they may round or overflow to ``+inf`` and are clipped. Neither
+    ``new_lo + m * new_width`` nor ``e_m - lo`` is formed (``2 * 2**127`` and ``2**127 - -2**127`` overflow
+    float32 where the edge and the index do not), nor a ratio of widths (``new_width / width`` overflows
+    float32 for a zeros-only state at ``2**-126``).
     Host arrays on the same filled grid (a KL accumulator whose range stopped growing) are returned as they are."""
     bins = counts.shape[-1]
     grids = [host_view(a, xp) for a in (lo, width, new_lo, new_width)]
@@ -1357,9 +1378,10 @@ def _rebin(counts: Array, lo: Array, width: Array, new_lo: Array, new_width: Arr
     filled = width > 0
     safe_w = xp.where(filled, width, 1.0)
     m = xp.arange(bins + 1, dtype=lo.dtype, device=_device(lo))
+    safe_new_w = xp.where(new_width > 0, new_width, 1.0)
     with discarded_invalid(xp, over="ignore"):  # edges beyond float's range overflow to inf, clipped below
-        edges = new_lo[:, None] + m * new_width[:, None]
-        first = clamp((edges - lo[:, None]) / safe_w[:, None], 0.0, float(bins), xp)
+        edges = ((new_lo / safe_new_w)[:, None] + m) * new_width[:, None]  # exact; m * new_width may overflow
+        first = clamp(_div_pow2(edges, safe_w[:, None], xp) - (lo / safe_w)[:, None], 0.0, float(bins), xp)
     first = xp.where((m == 0)[None, :], 0.0, xp.where((m == bins)[None, :], float(bins), first))
     at = _take_each(_cumsum0(counts, xp), xp.astype(first, index_dtype(xp)), xp)
     return xp.where(filled[:, None], at[:, 1:] - at[:, :-1], xp.zeros_like(counts))
@@ -1469,13 +1491,15 @@ def _histogram_update(state, x, axis, absolute, xp, collective, seen, fresh) -> 
         fresh = xp.zeros_like(merged.counts)
     elif host is not None:
         grids = zip(host_view(lo, xp), host_view(width, xp))
+        high_cap = host[0].dtype.type(_range_caps(host[0].dtype, np)[1])
         fresh = xp.asarray(np.stack([
-            split_sum(calib_counts_kernel, row, threads(row.shape[0]), absolute, low_edge, w, bins)
+            split_sum(calib_counts_kernel, row, threads(row.shape[0]), absolute, low_edge, w, bins, high_cap)
             for row, (low_edge, w) in zip(host, grids)
         ]))
-    else:
+    else:  # values beyond the grid's range cap count as the cap (see _grid)
         safe_w = xp.where(width > 0, width, 1.0)
-        index = _floor_div(xp.where(finite, values, 0.0), safe_w[:, None], xp) - (lo / safe_w)[:, None]
+        capped = clamp(values, None, _range_caps(values.dtype, xp)[1], xp)
+        index = _floor_div(xp.where(finite, capped, 0.0), safe_w[:, None], xp) - (lo / safe_w)[:, None]
         index = xp.astype(xp.clip(index, 0.0, float(bins - 1)), index_dtype(xp))
         offsets = xp.arange(channels, dtype=index.dtype, device=_device(index))[:, None] * bins
         flat = xp.where(finite, index + offsets, channels * bins)

@@ -488,10 +488,11 @@ def finite_range_kernel(x, absolute):  # pragma: no cover (compiled)
 
 
 @kernel()
-def calib_counts_kernel(x, absolute, lo, width, bins):  # pragma: no cover (compiled)
+def calib_counts_kernel(x, absolute, lo, width, bins, high_cap):  # pragma: no cover (compiled)
     """:func:`calib_histogram_update`'s counts of the 1-D float ``x`` on the grid ``(lo, width)`` (scalars
     of ``x``'s dtype): ``floor(v / w)`` (``-1`` where a negative ``v / w`` underflows to 0) minus
-    ``lo / w``, clipped to ``[0, bins - 1]``; non-finite values are not counted. ``_CHUNK`` values at a
+    ``lo / w``, clipped to ``[0, bins - 1]``, with ``v`` capped to ``high_cap`` (the grid range's cap, a
+    scalar of ``x``'s dtype); non-finite values are not counted. ``_CHUNK`` values at a
     time are binned branch-free (so it vectorizes), then counted; :func:`split_sum` can share the work."""
     zero, one = x.dtype.type(0), x.dtype.type(1)
     top, discard = x.dtype.type(bins - 1), x.dtype.type(bins)
@@ -505,9 +506,10 @@ def calib_counts_kernel(x, absolute, lo, width, bins):  # pragma: no cover (comp
         for j in range(chunk.shape[0]):
             v = chunk[j]
             v = abs(v) if absolute else v
-            q = v / w
+            c = high_cap if v > high_cap else v
+            q = c / w
             f = x.dtype.type(np.floor(q))
-            f = -one if (q == zero) & (v < zero) else f
+            f = -one if (q == zero) & (c < zero) else f
             i = f - base
             i = zero if i < zero else i
             i = top if i > top else i
@@ -544,8 +546,9 @@ def grid_kernel(low, high, min_width, bins, low_cap, high_cap, digits_scale, sma
     for i in range(low.shape[0]):
         lo, hi = low[i], high[i]
         empty = not lo <= hi
-        lo = zero if empty else _np_maximum(lo, low_cap)
-        hi = zero if empty else (hi if hi <= high_cap or hi != hi else high_cap)  # np.minimum
+        lo, hi = _np_maximum(lo, low_cap), _np_maximum(hi, low_cap)
+        lo = zero if empty else (lo if lo <= high_cap or lo != lo else high_cap)  # np.minimum
+        hi = zero if empty else (hi if hi <= high_cap or hi != hi else high_cap)
         need = _np_maximum(hi / bins - lo / bins, min_width[i])
         need = _np_maximum(need, _np_maximum(_np_maximum(abs(lo), abs(hi)) * digits_scale, smallest))
         if need != need:

@@ -1,12 +1,18 @@
 """Shared fixtures: ``xp`` runs a test once per array backend (array-api-extra's Backend is the model).
 
 CPU backends always run: numpy, array_api_strict, torch, jax. GPU backends (torch-cuda, jax-gpu, cupy)
-run where a GPU and the library exist and are skipped, with the reason, elsewhere.
+run where a GPU and the library exist; elsewhere their cases are not collected (deselected by
+:func:`pytest_collection_modifyitems`: a parameter naming an unavailable GPU backend, or the ``gpu``
+marker without any GPU), so the summary's skips are real skips.
+
+Markers (pyproject.toml): ``slow`` (long grids, fuzz campaigns, multi-process and torch.compile tests;
+the default run deselects them, ``python -m pytest -q -m slow`` runs them) and ``gpu``.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import importlib.util
 from types import SimpleNamespace
 
@@ -24,6 +30,7 @@ class Backend(enum.Enum):
     CUPY = "cupy"
 
 
+@functools.cache
 def _torch_cuda_available() -> bool:
     if importlib.util.find_spec("torch") is None:
         return False
@@ -32,6 +39,7 @@ def _torch_cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+@functools.cache
 def _jax_gpu_available() -> bool:
     if importlib.util.find_spec("jax") is None:
         return False
@@ -43,6 +51,7 @@ def _jax_gpu_available() -> bool:
         return False
 
 
+@functools.cache
 def _cupy_available() -> bool:
     if importlib.util.find_spec("cupy") is None:
         return False
@@ -52,6 +61,42 @@ def _cupy_available() -> bool:
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # no driver, no device
         return False
+
+
+#: Parameter values naming a GPU backend -> whether it exists here.
+_GPU_PARAMS = {"torch-cuda": _torch_cuda_available, "cuda": _torch_cuda_available, "jax-gpu": _jax_gpu_available,
+               "cupy": _cupy_available}
+
+
+def _needs_missing_gpu(item) -> bool:
+    """Whether ``item`` is a GPU case that cannot run here: the ``gpu`` marker (``gpu("torch-cuda")``: that
+    backend; no argument: any) without its GPU, or a parameter (a :class:`Backend` or a backend/device name) naming a GPU backend that is not available."""
+    marker = item.get_closest_marker("gpu")
+    if marker is not None and not any(_GPU_PARAMS[name]() for name in (marker.args or _GPU_PARAMS)):
+        return True
+    return any(name in _GPU_PARAMS and not _GPU_PARAMS[name]() for name in _param_names(item))
+
+
+def _param_names(item) -> set:
+    """The parameter values of ``item`` that are strings or :class:`Backend` members, as names."""
+    callspec = getattr(item, "callspec", None)
+    values = callspec.params.values() if callspec is not None else ()
+    return {v.value if isinstance(v, Backend) else v for v in values if isinstance(v, (str, Backend))}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects
+def pytest_collection_modifyitems(config, items):
+    """GPU cases are collected only where their GPU exists (instead of one skip each); a case of a test
+    marked ``slow_on("jax")`` whose parameters name ``jax`` gets the ``slow`` marker."""
+    keep, drop = [], []
+    for item in items:
+        slow_on = item.get_closest_marker("slow_on")
+        if slow_on is not None and _param_names(item) & set(slow_on.args):
+            item.add_marker(pytest.mark.slow)
+        (drop if _needs_missing_gpu(item) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 def make_backend(backend: Backend) -> SimpleNamespace:

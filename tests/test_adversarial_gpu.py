@@ -171,6 +171,7 @@ def test_gpu_observers_take_adversarial_steps_as_their_cpu_twins(backend, name):
     assert steps >= len(spec.configs) * SEQUENCES * STEPS // 2
 
 
+@pytest.mark.gpu("jax-gpu")
 @pytest.mark.parametrize("name", sorted(set(CLASSES) - {"FixedQParamsObserver"}))
 def test_jax_gpu_state_refuses_a_batch_committed_to_the_cpu(name):
     """JAX: once the state is on the GPU, a batch committed to the CPU raises ``ValueError("x is on device

@@ -471,5 +471,6 @@ for _name, _spec in CLASSES.items():
     _machine = type(f"{_name}Machine", (ObserverMachine,), {"SPEC": _spec})
     _case = _machine.TestCase
     _case.settings = SETTINGS
+    _case.pytestmark = [pytest.mark.slow]  # a hypothesis stateful fuzz campaign
     globals()[f"Test{_name}"] = _case
 del _name, _spec, _machine, _case

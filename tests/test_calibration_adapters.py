@@ -1052,6 +1052,7 @@ def test_torch_observer_module_behaviour():
         kl.calculate_qparams()
 
 
+@pytest.mark.gpu("torch-cuda")
 def test_torch_cuda_buffers_and_qparams_match_cpu():
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device here")
@@ -1066,6 +1067,7 @@ def test_torch_cuda_buffers_and_qparams_match_cpu():
             assert_same(b, a, cls_name)
 
 
+@pytest.mark.gpu("cupy")
 def test_cupy_state_stays_on_the_inputs_gpu():
     if not _cupy_available():
         pytest.skip("cupy or a CUDA device is not available here")

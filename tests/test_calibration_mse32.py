@@ -185,6 +185,7 @@ def test_level_sums32_per_channel_and_one_level():
     close(cal._squared_error_by_levels32(counts, edges, scale, 1, norm, None, xp), by_bin, 1e-5)
 
 
+@pytest.mark.slow  # minutes of jit compiling
 def test_level_sums32_under_jax_jit():
     """JAX without x64, jitted: lax.switch picks the branch on the device; the same curves."""
     jax = pytest.importorskip("jax")
@@ -205,7 +206,7 @@ def test_level_sums32_under_jax_jit():
                 good_pick(counts, e.astype(np.float32), float(pick(jnp.asarray(c32), jnp.asarray(e, jnp.float32))), spec)
 
 
-@pytest.mark.parametrize("backend", ["numpy float64", "numpy float32", "jax"])
+@pytest.mark.parametrize("backend", ["numpy float64", "numpy float32", pytest.param("jax", marks=pytest.mark.slow)])
 def test_level_sums_in_candidate_blocks_equal_one_call(backend, monkeypatch):
     """Where one channel's level sums would hold more than ``_LEVEL_SUM_ELEMENTS`` elements the candidates
     run in blocks (JAX: ``lax.map``; others: a loop), with the bin width and the float32 branch of all
@@ -251,6 +252,7 @@ def test_level_sums_in_candidate_blocks_equal_one_call(backend, monkeypatch):
     assert 40 * 256 * 6 in calls
 
 
+@pytest.mark.slow  # a large jitted search
 def test_jax_int16_mse_runs_in_bounded_memory():
     """JAX MSE/Mix observers of qint16 (32768 levels, 32768 bins, ~32k candidates) ran out of memory (38 GB
     of level sums at once); in candidate blocks they run and equal NumPy's (its host kernel)."""

@@ -76,6 +76,7 @@ def _qparams(obs):
         return [to_numpy(v) for v in obs.calculate_qparams()]
 
 
+@pytest.mark.slow_on("jax")  # every class compiles under jit
 @pytest.mark.parametrize("backend", ["numpy", "array_api_strict", "torch", "jax"])
 @pytest.mark.parametrize("name,kwargs,shape", CLASSES, ids=[c[0] for c in CLASSES])
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])

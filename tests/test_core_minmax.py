@@ -126,8 +126,10 @@ def _assert_same_bits(ours, theirs, what, flush_subnormals=False):
         assert (np.signbit(ours) == np.signbit(theirs))[checked].all(), (what, ours, theirs)
 
 
+@pytest.mark.parametrize("grid", ["default", pytest.param("full", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("observer_kind", ["minmax", "moving_average"])
-def test_core_matches_torch_observers(backend, observer_kind):
+def test_core_matches_torch_observers(backend, observer_kind, grid):
+    """Every config of the grid (the default run: every third, every ninth under JAX's jit)."""
     xp = backend.xp
     rng = np.random.default_rng(1234 if observer_kind == "minmax" else 4321)
     minmax_update, moving_average_update, minmax_qparams = oc.minmax_update, oc.moving_average_update, oc.minmax_qparams
@@ -143,6 +145,8 @@ def test_core_matches_torch_observers(backend, observer_kind):
         minmax_qparams = jax.jit(oc.minmax_qparams, static_argnames=("spec",))
     checked = 0
     configs = CONFIGS[::3] if on_jax else CONFIGS  # every config compiles afresh under jit: a third suffices
+    if grid == "default":
+        configs = configs[::3]
     for dtype, qscheme, reduce_range, custom in configs:
         per_tensor = oc.QScheme(qscheme).is_per_tensor
         ndim = int(rng.integers(0 if per_tensor else 2, 5))  # torch per channel needs ndim >= 2

@@ -13,7 +13,7 @@ from observers_core.adapters.torch import cuda_graph_forward  # noqa: E402
 
 from _torch_observer_configs import CONFIGS, config_id  # noqa: E402
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA device here")
+needs_cuda = pytest.mark.gpu("torch-cuda")  # not collected without one (tests/conftest.py)
 #: what cuda_graph_forward refuses, and why (its ValueError says so)
 REFUSED = {"KLObserver": "Python step count"}
 

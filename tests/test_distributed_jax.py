@@ -35,6 +35,7 @@ from _thread_collective import run_members  # noqa: E402
 SCRIPT = Path(__file__).with_name("_jax_distributed_checks.py")
 
 
+@pytest.mark.slow  # a 4-device JAX interpreter in a subprocess (minutes)
 def test_four_devices_shard_map_and_pmap_equal_one_device():
     """Every check of :func:`check_names` ran in the 4-device interpreter and passed (one test, so that
     pytest-xdist runs the interpreter once)."""

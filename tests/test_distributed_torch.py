@@ -439,6 +439,7 @@ EXPECTED_CHECKS = {
 }
 
 
+@pytest.mark.slow  # 2 and 4 gloo processes
 @pytest.mark.parametrize("world", [2, 4])
 def test_every_rank_passes_every_check(world, tmp_path):
     """One spawn per world size (one test each, so pytest-xdist never spawns a world twice)."""
@@ -456,6 +457,7 @@ def test_every_rank_passes_every_check(world, tmp_path):
     assert not problems, f"world {world}:\n" + "\n".join(problems)
 
 
+@pytest.mark.slow  # gloo processes
 def test_a_dead_rank_gives_the_others_an_error_within_the_timeout(tmp_path):
     start = time.monotonic()
     ranks = _spawn("dies", 2, tmp_path)

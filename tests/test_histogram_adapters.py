@@ -741,6 +741,7 @@ def _gpu_sequence() -> list[np.ndarray]:
     return batches
 
 
+@pytest.mark.gpu("torch-cuda")
 def test_torch_cuda_matches_torch_ao_on_cuda():
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device here")
@@ -762,6 +763,7 @@ def torch_qparams_untouched(obs):
         return obs.calculate_qparams()
 
 
+@pytest.mark.gpu("cupy")
 def test_cupy_observer_keeps_state_on_the_input_device():
     cupy = pytest.importorskip("cupy")
     try:

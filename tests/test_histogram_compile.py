@@ -8,6 +8,8 @@ torch = pytest.importorskip("torch")
 
 from observers_core.adapters.torch import HistogramObserver  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torch.compile: minutes of compiling
+
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_histogram_observer_under_torch_compile_equals_eager(backend):

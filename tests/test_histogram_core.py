@@ -111,6 +111,7 @@ def _histc_cases():
     return cases
 
 
+@pytest.mark.slow_on("jax")  # ~200 cases, each compiled under jit
 @pytest.mark.parametrize("bins,lo,hi,subnormal", _histc_cases())
 def test_histogram_matches_histc_on_bin_edges(backend, bins, lo, hi, subnormal):
     x = _edge_values(np.random.default_rng(bins), bins, lo, hi)
@@ -433,6 +434,7 @@ def test_update_nan(xp, backend):
     _assert_state(dropped, expected[1], "ignore_nonfinite")
 
 
+@pytest.mark.slow_on("jax")  # minutes of jit compiling
 @pytest.mark.parametrize("kernels_on", [True, False], ids=["kernels-on", "kernels-off"])
 def test_update_counting_counts_inf_and_nan(xp, backend, kernels_on, monkeypatch):
     """``histogram_update_counting`` returns the state of ``histogram_update`` and ``[#inf, #NaN]`` of the

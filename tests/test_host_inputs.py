@@ -59,6 +59,7 @@ def _batch(seed: int) -> np.ndarray:
     return (np.random.default_rng(seed).standard_normal((4, 16)) * 3).astype(np.float32)
 
 
+@pytest.mark.slow_on("jax")  # every class compiles under jit
 @pytest.mark.parametrize("framework", ["numpy", "jax"])
 @pytest.mark.parametrize("name", STATEFUL)
 def test_masked_arrays_are_refused_and_matrix_or_memmap_are_plain_arrays(name, framework, tmp_path):

@@ -37,6 +37,7 @@ def _missing_framework(module: str) -> str | None:
     return None
 
 
+@pytest.mark.slow  # one fresh interpreter per module
 def test_every_module_imports_first_in_a_fresh_interpreter():
     modules = [m for m in _modules() if _missing_framework(m) is None]
     assert len(modules) > 20, modules  # the walk found the package

@@ -13,6 +13,8 @@ import warnings
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a JAX interpreter with x64 in a subprocess
+
 KWARGS = {
     "PerChannelMinMaxObserver": {"ch_axis": 1}, "MovingAveragePerChannelMinMaxObserver": {"ch_axis": 1},
     "FixedQParamsObserver": {"scale": 0.1, "zero_point": 0}, "HistogramObserver": {"bins": 256},

@@ -83,7 +83,7 @@ def _pairs(rng, hist):
     return s, e
 
 
-@pytest.mark.parametrize("xp", HOSTS)
+@pytest.mark.parametrize("xp", [HOSTS[0], pytest.param(xt, id="torch", marks=pytest.mark.slow)])  # torch: a long grid
 def test_errors_kernel_matches_the_array_code(xp, kernels_off):
     rng = np.random.default_rng(3)
     for hist, lo, hi in _cases():

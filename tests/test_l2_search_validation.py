@@ -60,6 +60,7 @@ def test_search_rejects_invalid_histograms(backend, case, hist, lo, hi, match):
         histogram_qparams(HistogramState(*args), oc.quant_spec("quint8"))
 
 
+@pytest.mark.slow_on("jax")  # a minute of jit compiling
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_valid_special_states_still_pass(backend):
     """An empty state gives the defaults, a NaN-poisoned one NaN (documented), a single value works."""

@@ -696,6 +696,7 @@ def test_torch_observer_module_behaviour():
     assert "PerBlockMXObserver(dtype='mxfp8_e4m3'" in repr(tobs.PerBlockMXObserver())
 
 
+@pytest.mark.gpu("torch-cuda")
 def test_torch_cuda_buffers_and_qparams_match_cpu():
     """``.to("cuda")`` moves the buffers; updates, qparams and fake quantization stay on the GPU and
     equal the core functions on the same CUDA tensors bit for bit; against the CPU observer the
@@ -784,6 +785,7 @@ def test_jax_pure_update_composes_with_scan():
 # ------------------------------------------------------------------------------------ CuPy only
 
 
+@pytest.mark.gpu("cupy")
 def test_cupy_state_stays_on_the_inputs_gpu():
     if not _cupy_available():
         pytest.skip("cupy or a CUDA device is not available here")

@@ -61,6 +61,7 @@ def _same(a, b):
         np.testing.assert_array_equal(to_numpy(u), to_numpy(v))
 
 
+@pytest.mark.slow_on("jax")  # a hypothesis campaign, compiled under jit per shape
 @pytest.mark.parametrize("name", list(SPECS))
 @pytest.mark.parametrize("ignore_nonfinite", [False, True])
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -187,6 +187,7 @@ def test_prepare_qat_pt2e_equals_torchao():
 
 
 @pytest.mark.parametrize("family", ["minmax", "histogram"])
+@pytest.mark.slow  # torch.compile
 def test_compiled_pt2e_prepared_model_matches_eager(family):
     """``torch.compile`` (dynamo, eager backend; the histogram observer graph-breaks into its host
     kernel) of a PT2E-prepared model: every observer ends with eager's qparams, bit for bit."""

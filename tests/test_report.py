@@ -367,6 +367,7 @@ def _console_script() -> str:
     return str(script)
 
 
+@pytest.mark.slow  # the console script in a subprocess, on the default model
 def test_console_script_default_model(tmp_path):
     """The README's command: the embedded digits MLP, its accuracies per method and the float floor."""
     jpath, plots = tmp_path / "r.json", tmp_path / "plots"

@@ -207,6 +207,7 @@ def _same_values(a, b):
     assert torch.equal(a.to(torch.float64), b.to(torch.float64)), (a, b)
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int4", "uint4", "int3", "int2", "fp8_e4m3", "fp8_e5m2"])
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("is_dynamic", [False, True])
@@ -234,6 +235,7 @@ def test_quark_per_tensor_minmax(quark, dtype, symmetric, is_dynamic):
     _same(direct.calculate_qparams(), ours.calculate_qparams())
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int4", "fp8_e4m3"])
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("ch_axis", [0, 1, -1])
@@ -254,6 +256,7 @@ def test_quark_per_channel_minmax(quark, dtype, symmetric, ch_axis, is_dynamic):
         _same_values(zp, q_zp)
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 @pytest.mark.parametrize("dtype", ["int4", "uint4", "int8", "fp8_e4m3"])
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("ch_axis,group_size,shape", [(1, 4, (6, 16)), (-1, 8, (6, 16)), (0, 2, (6, 16)),
@@ -284,6 +287,7 @@ def _mx_spec(quark, dtype, mode, ch_axis=-1, group_size=32, is_dynamic=False):
         )
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 @pytest.mark.parametrize("dtype", ["fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4"])
 @pytest.mark.parametrize("mode", ["even", "floor", "ceil"])
 @pytest.mark.parametrize("ch_axis", [-1, 0])
@@ -301,6 +305,7 @@ def test_quark_mx(quark, dtype, mode, ch_axis):
     _same(direct.calculate_qparams(), ours.calculate_qparams())
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 @pytest.mark.parametrize("mode", ["even", "floor", "ceil"])
 def test_quark_mx_special_blocks(quark, mode):
     """Blocks of zeros (Quark: 2**-127 in even mode, eps otherwise) and blocks with NaN (NaN scale)."""
@@ -312,6 +317,7 @@ def test_quark_mx_special_blocks(quark, mode):
     _same(ours._calculate_qparams()[0], _quark_qparams(theirs)[0])
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 def test_quark_bfp_special_blocks(quark):
     C, Ty, O = quark
     with warnings.catch_warnings():
@@ -356,6 +362,7 @@ BLOCK_EDGES = [
 ]
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 @pytest.mark.parametrize("name, mode, size, value, expected, quarks", BLOCK_EDGES)
 def test_quark_block_edge_cases(quark, name, mode, size, value, expected, quarks):
     """Ours gives the exact (OCP/E8M0-clamped) scale where Quark 0.13's differs; both enumerated here on the
@@ -367,6 +374,7 @@ def test_quark_block_edge_cases(quark, name, mode, size, value, expected, quarks
     assert _quark_qparams(theirs)[0].reshape(-1)[0].item() == quarks
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 def test_quark_block_observers_before_data_and_modes(quark):
     """``amax`` before any input and after ``reset_state()`` is Quark's ``tensor(0.)`` (it raised), and a
     ``scale_calculation_mode`` Quark does not compute with (``rceil``) is refused at construction with a
@@ -389,6 +397,7 @@ def test_quark_block_observers_before_data_and_modes(quark):
         Q.PerBlockMXObserver(rceil)
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 def test_quark_bfp(quark):
     C, Ty, O = quark
     with warnings.catch_warnings():
@@ -403,6 +412,7 @@ def test_quark_bfp(quark):
     _same_values(zp, q_zp)
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_quark_histogram_pro(quark, dtype, symmetric):
@@ -416,6 +426,7 @@ def test_quark_histogram_pro(quark, dtype, symmetric):
     _same_values(zp, q_zp)
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 def test_quark_histogram_observer_defaults_in_quark(quark):
     """Quark's PerTensorHistogramObserver records a histogram and returns default qparams; ours searches."""
     qspec = _int_spec(quark, "int8", "per_tensor", "PerTensorHistogramObserver")
@@ -429,6 +440,7 @@ def test_quark_histogram_observer_defaults_in_quark(quark):
     _same(direct.calculate_qparams(), ours._calculate_qparams())
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 @pytest.mark.parametrize("name", ["PerTensorPercentileObserver", "PerTensorMSEObserver"])
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "int4"])
 def test_quark_percentile_mse(quark, name, dtype):
@@ -458,6 +470,7 @@ def test_quark_percentile_mse(quark, name, dtype):
 
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 def test_quark_nan_and_integer_batches(quark):
     """Where Quark 0.13 raises, ours follow torch.ao's rules (the adapter's docstring): a NaN poisons the
     min/max and histogram observers' state (NaN scale, as torch.ao's) where Quark's raise, the percentile
@@ -560,6 +573,7 @@ def test_quark_search_observers_merge_replicas_by_their_accumulator(name):
         assert torch.equal(getattr(replicas[2], key), getattr(single, key)), key
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 def test_quark_per_channel_bias(quark):
     """1-D inputs (biases): one channel per element, as Quark."""
     qspec = _int_spec(quark, "int8", "per_channel", "PerChannelMinMaxObserver", ch_axis=0)
@@ -570,6 +584,7 @@ def test_quark_per_channel_bias(quark):
     _same(clone._calculate_qparams(), ours._calculate_qparams())
 
 
+@pytest.mark.slow  # against installed amd-quark (its import takes a minute)
 def test_quark_placeholder(quark):
     C, Ty, O = quark
     qspec = C.QTensorConfig(dtype=Ty.Dtype.bfloat16, observer_cls=O.PlaceholderObserver)

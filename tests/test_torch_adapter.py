@@ -480,7 +480,7 @@ def test_to_device_moves_buffers_and_forward_follows(cls_name):
         mine(torch.randn(3, 4))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA device here")
+@pytest.mark.gpu("torch-cuda")
 @pytest.mark.parametrize("cls_name", STAT_CLASSES)
 def test_cuda_matches_torch(cls_name):
     theirs, mine = pair(cls_name)

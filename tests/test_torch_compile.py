@@ -18,6 +18,8 @@ torch = pytest.importorskip("torch")
 
 from observers_core.adapters import torch as tobs  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torch.compile: minutes of compiling
+
 #: (class name, constructor kwargs, batch shape): every public torch observer class.
 CASES = [
     ("MinMaxObserver", {}, (4, 16)),

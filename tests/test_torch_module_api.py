@@ -105,6 +105,7 @@ def test_kl_accumulator_keeps_its_dtype_through_conversions(conversion, per_chan
     assert torch.isfinite(scale).all()
 
 
+@pytest.mark.gpu("torch-cuda")
 def test_kl_accumulator_moves_with_the_module_to_cuda():
     """``.cuda()`` after the first batch moves the accumulator (a device move is not a dtype conversion);
     later GPU batches accumulate as the CPU twin does (counts, power-of-two grid and range are exact)."""
