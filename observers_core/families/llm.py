@@ -122,7 +122,7 @@ class Config:
     grid: float = 100.0
     norm: float = 2.4
     expand: float = 1.0
-    chunk_elements: int = 2**20
+    chunk_elements: int = 2**22
 
     def __post_init__(self) -> None:
         check_choice(self.type, "type", ("int", "float"))
