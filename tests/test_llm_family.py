@@ -176,3 +176,17 @@ def test_update_refuses_another_shape_and_keeps_empty_batches():
     assert same is state
     with pytest.raises(ValueError, match="qparam shape"):
         llm.update(cfg, state, llm.flatten(np.ones((5, 8), np.float32), cfg))
+
+
+def test_docs_llm_blocks_run():
+    """Every Python block of docs/llm.md runs on the CPU."""
+    import re
+    from pathlib import Path
+
+    pytest.importorskip("torch")
+    pytest.importorskip("llmcompressor")
+    text = (Path(__file__).resolve().parents[1] / "docs" / "llm.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "docs/llm.md", "exec"), {})

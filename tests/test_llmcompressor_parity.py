@@ -274,3 +274,12 @@ def test_nvfp4_fused_global_scale():
 def test_mse_larger_grid(preset, seed):
     w = make_weight(KINDS[seed % len(KINDS)], (512, 1024), seed=100 + seed)
     assert_same_qparams(*both("memoryless_mse", weight_args(preset), [w]))
+
+
+@pytest.mark.parametrize("strategy", ["tensor", "attn_head"])
+@pytest.mark.parametrize("observer", ["static_minmax", "minmax", "memoryless_mse"])
+def test_attention_states(strategy, observer):
+    args = QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True)
+    g = torch.Generator().manual_seed(11)
+    states = [torch.randn(2, 4, 6, 16, generator=g) * (i + 1) for i in range(2)]
+    assert_same_qparams(*both(observer, args, states, base_name="k"))

@@ -47,7 +47,7 @@ __all__ = [
 
 Array = Any
 
-STRATEGIES = ("tensor", "channel", "group", "tensor_group", "block", "token")
+STRATEGIES = ("tensor", "channel", "group", "tensor_group", "block", "token", "attn_head")
 SCALE_DTYPES = (None, "float32", "float16", "bfloat16", "float8_e4m3fn", "uint8")
 ZP_DTYPES = ("int8", "int16", "int32", "uint8", "float8_e4m3fn")
 MODES = ("memoryless", "static", "moving")
@@ -233,10 +233,15 @@ def flatten(x: Array, config: Config, /, *, role: str = "weight", xp: Any = None
         if s in ("group", "tensor_group"):
             return xp.reshape(x, (-1, h // config.group_size, config.group_size))
         raise ValueError(f"strategy={s!r} cannot be applied to activations")
+    if x.ndim != 4:
+        raise ValueError(f"an attention state must be 4-D (batch, heads, seq, head_dim), got shape {tuple(x.shape)}")
+    b, nh, t, d = x.shape
+    tokens_first = xp.permute_dims(x, (0, 2, 1, 3))
     if s == "tensor":
-        b, nh, t, d = x.shape
-        return xp.reshape(xp.permute_dims(x, (0, 2, 1, 3)), (b * t, 1, nh * d))
-    raise ValueError(f"strategy={s!r} is not supported for attention states here")
+        return xp.reshape(tokens_first, (b * t, 1, nh * d))
+    if s == "attn_head":
+        return xp.reshape(tokens_first, (b * t, nh, 1, 1, d))
+    raise ValueError(f"strategy={s!r} cannot be applied to attention states")
 
 
 # ---------------------------------------------------------------------------------------------- qparams
