@@ -190,3 +190,51 @@ def test_docs_llm_blocks_run():
     assert blocks
     for block in blocks:
         exec(compile(block, "docs/llm.md", "exec"), {})
+
+
+class PairCollective:
+    """Two members, the other's values given: min/max/sum of (mine, theirs)."""
+
+    def __init__(self, other):
+        self.other = list(other)
+
+    def min(self, x):
+        return np.minimum(x, self.other.pop(0))
+
+    def max(self, x):
+        return np.maximum(x, self.other.pop(0))
+
+    def sum(self, x):
+        return x + self.other.pop(0)
+
+
+def test_collective_update_equals_one_process_on_both_batches():
+    cfg = llm.Config(num_bits=8, type="float", strategy="tensor", mode="static")
+    a, b = (llm.flatten(np.random.default_rng(s).standard_normal((2, 4, 64)).astype(np.float32) * (s + 1), cfg,
+                        role="activation") for s in range(2))
+    bmn, bmx = llm.observe(cfg, b)
+    got = llm.update(cfg, llm.init(cfg, qparam_shape=(1,)), a, collective=PairCollective([bmn, bmx]))
+    want = llm.update(cfg, llm.init(cfg, qparam_shape=(1,)), np.concatenate([a, b]))
+    assert np.array_equal(got.min_vals, want.min_vals) and np.array_equal(got.max_vals, want.max_vals)
+    # an empty batch with a collective contributes the identity instead of being skipped
+    empty = np.zeros((0, 1, 64), np.float32)
+    got = llm.update(cfg, llm.init(cfg, qparam_shape=(1,)), empty, collective=PairCollective([bmn, bmx]))
+    assert np.array_equal(got.max_vals, bmx) and int(got.count) == 1
+    with pytest.raises(ValueError, match="search"):
+        llm.update(replace(cfg, search="mse"), llm.init(cfg, qparam_shape=(1,)), a, collective=PairCollective([]))
+    with pytest.raises(TypeError, match="collective"):
+        llm.update(cfg, llm.init(cfg, qparam_shape=(1,)), a, collective=object())
+    imp = llm.importance_init(64)
+    part = llm.importance_update(llm.importance_init(64), b.reshape(-1, 64))
+    got = llm.importance_update(imp, a.reshape(-1, 64), collective=PairCollective([part.sum, part.count]))
+    want = llm.importance_update(llm.importance_update(imp, a.reshape(-1, 64)), b.reshape(-1, 64))
+    assert np.array_equal(got.sum, want.sum) and int(got.count) == int(want.count)
+
+
+def test_memoryless_merge_keeps_the_later_batch():
+    cfg = llm.Config(num_bits=8, strategy="tensor")
+    x = llm.flatten(np.arange(8, dtype=np.float32).reshape(2, 4), cfg)
+    a = llm.update(cfg, llm.init(cfg, qparam_shape=(1,)), x)
+    b = llm.update(cfg, llm.init(cfg, qparam_shape=(1,)), x * 2)
+    assert llm.merge(cfg, a, b).max_vals[0] == 14.0
+    assert llm.merge(cfg, b, llm.init(cfg, qparam_shape=(1,))).max_vals[0] == 14.0

@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from .._collective import check_collective, reduce_range
 from .._mx import MX_ELEMENTS, _scale_by_pow2, floor_log2, round_to_element
 from .._namespace import _half_dtypes, array_namespace, clamp, device_of, size
 from .._validate import check_bool, check_choice, check_float, check_int
@@ -561,14 +562,27 @@ def observe(config: Config, observed: Array, /, *, weights: Array | None = None,
     return xp.min(observed, axis=(0, observed.ndim - 1)), xp.max(observed, axis=(0, observed.ndim - 1))
 
 
-def update(config: Config, state: State, observed: Array, /, *, weights: Array | None = None, xp: Any = None) -> State:
-    """The state after one flattened batch (an empty batch changes nothing, as llm-compressor)."""
+def update(config: Config, state: State, observed: Array, /, *, weights: Array | None = None, collective: Any = None,
+           xp: Any = None) -> State:
+    """The state after one flattened batch (an empty batch changes nothing, as llm-compressor). With a
+    ``collective`` (:class:`observers_core.Collective`), the batch range is reduced across the group first
+    (every member then holds the state of one process on all members' batches; an empty batch
+    contributes ``+inf``/``-inf``); not with a search (weights are replicated: search on each member)."""
     xp = array_namespace(observed, xp=xp)
+    check_collective(collective)
+    if collective is not None and config.search is not None:
+        raise ValueError(f"collective= is not supported with search={config.search!r}: a weight is the same on "
+                         "every member; search it on each")
     if size(observed) == 0:
-        return state
-    mn, mx = observe(config, observed, weights=weights, xp=xp)
+        if collective is None:
+            return state
+        mn = xp.full(state.min_vals.shape, math.inf, dtype=state.min_vals.dtype, device=device_of(state.min_vals))
+        mx = xp.full(state.max_vals.shape, -math.inf, dtype=state.max_vals.dtype, device=device_of(state.max_vals))
+    else:
+        mn, mx = observe(config, observed, weights=weights, xp=xp)
     if tuple(mn.shape) != tuple(state.min_vals.shape):
         raise ValueError(f"observed has qparam shape {tuple(mn.shape)}, the state {tuple(state.min_vals.shape)}")
+    mn, mx = reduce_range(mn, mx, collective)
     first = state.count == 0
     if config.mode == "static":
         mn = xp.where(first, mn, _min2(mn, state.min_vals, xp))
@@ -585,14 +599,12 @@ def merge(config: Config, a: State, b: State, /, *, xp: Any = None) -> State:
     (the later batch). A moving average has no exact merge (ValueError): sync its batches instead."""
     xp = array_namespace(a.min_vals, xp=xp)
     if config.mode == "memoryless":
-        return b if not _is_zero(b.count, xp) else a
+        later = b.count > 0
+        return State(xp.where(later, b.min_vals, a.min_vals), xp.where(later, b.max_vals, a.max_vals),
+                     a.count + b.count)
     if config.mode == "moving":
         raise ValueError("mode='moving' has no exact merge: a moving average depends on the batch order")
     return State(_min2(a.min_vals, b.min_vals, xp), _max2(a.max_vals, b.max_vals, xp), a.count + b.count)
-
-
-def _is_zero(count: Array, xp: Any) -> bool:
-    return bool(count == 0)  # a host read on merge only (a 0-d count)
 
 
 def qparams(config: Config, state: State, /, *, global_scale: Array | None = None, xp: Any = None) -> QParams:
@@ -617,15 +629,20 @@ def importance_init(channels: int, /, *, device: Any = None, xp: Any = None) -> 
                       xp.zeros((), dtype=xp.int64, device=device))
 
 
-def importance_update(state: Importance, x: Array, /, *, xp: Any = None) -> Importance:
-    """Adds ``sum over tokens of x^2`` (float32) per last-axis channel and the token count."""
+def importance_update(state: Importance, x: Array, /, *, collective: Any = None, xp: Any = None) -> Importance:
+    """Adds ``sum over tokens of x^2`` (float32) per last-axis channel and the token count (with a
+    ``collective``: every member's, summed across the group)."""
     xp = array_namespace(x, xp=xp)
+    check_collective(collective)
     if x.shape[-1] != state.sum.shape[0]:
         raise ValueError(f"x has {x.shape[-1]} channels on its last axis, the state {state.sum.shape[0]}")
     xf = xp.astype(x, xp.float32)
     tokens = math.prod(x.shape[:-1])
     part = xp.sum(xf**2, axis=tuple(range(x.ndim - 1))) if x.ndim > 1 else xf**2
-    return Importance(state.sum + part, state.count + tokens)
+    count = xp.full((), tokens, dtype=state.count.dtype, device=device_of(state.count))
+    if collective is not None:
+        part, count = collective.sum(part), collective.sum(count)
+    return Importance(state.sum + part, state.count + count)
 
 
 def importance_merge(a: Importance, b: Importance, /) -> Importance:
