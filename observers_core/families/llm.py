@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .._collective import check_collective, reduce_range
-from .._mx import MX_ELEMENTS, _scale_by_pow2, floor_log2, round_to_element
-from .._namespace import _half_dtypes, array_namespace, clamp, device_of, size
+from .._mx import MX_ELEMENTS, e8m0_to_float, floor_log2, round_to_element
+from .._namespace import array_namespace, clamp, device_of, size
 from .._validate import check_bool, check_choice, check_float, check_int
 
 __all__ = [
@@ -253,13 +253,10 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def _named_dtype(name: str, xp: Any) -> Any:
-    if name == "bfloat16":
-        halves = _half_dtypes(xp)
-        found = [d for d in halves if _dtype_name(d) == "bfloat16"]
-        if not found:
-            raise TypeError(f"scale_dtype='bfloat16' is not available in {xp.__name__}")
-        return found[0]
-    return getattr(xp, name)
+    dtype = getattr(xp, name, None)
+    if dtype is None:
+        raise TypeError(f"dtype {name!r} is not available in {getattr(xp, '__name__', xp)}")
+    return dtype
 
 
 def _round_to_float(x: Array, name: str, xp: Any) -> Array:
@@ -329,9 +326,11 @@ def calculate_qparams(min_vals: Array, max_vals: Array, config: Config, /, *, gl
         else:
             scales = _round_to_float(scales, config.scale_dtype, xp)
     if config.is_mx:
-        exps = xp.astype(xp.astype(scales, xp.int32) - 127, xp.int32)
-        ones = xp.ones(scales.shape, dtype=xp.float32, device=device_of(scales))
-        scales = xp.astype(_scale_by_pow2(ones, exps, xp), scales.dtype)
+        codes = xp.astype(scales, xp.uint8)
+        # 2 ** (code - 127) in float32; code 255 is 2 ** 128 = inf there (OCP's E8M0 reads it as NaN)
+        values = xp.where(codes == 255, xp.full(codes.shape, math.inf, dtype=xp.float32, device=device_of(codes)),
+                          e8m0_to_float(codes, xp=xp))
+        scales = xp.astype(values, scales.dtype)
     eps_name = config.scale_dtype if config.scale_dtype is not None else _dtype_name(scales.dtype)
     eps = 1.0 if eps_name == "uint8" else _FLOAT_EPS[eps_name]
     scales = xp.where(scales == 0, xp.full((), eps, dtype=scales.dtype, device=device_of(scales)), scales)
