@@ -30,7 +30,7 @@ float32 values that are exactly representable in E4M3 (the adapter casts).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from .._collective import check_collective, reduce_range
@@ -447,8 +447,6 @@ def error_table(observed: Array, min_vals: Array, max_vals: Array, config: Confi
     xp = array_namespace(observed, xp=xp)
     cfg = config
     if cfg.strategy == "tensor_group" and cfg.scale_dtype is not None:
-        from dataclasses import replace
-
         cfg = replace(cfg, scale_dtype=None)  # the search runs without the global scale
     factors_list = config.shrink_factors()
     t = len(factors_list)
@@ -479,7 +477,7 @@ def error_table(observed: Array, min_vals: Array, max_vals: Array, config: Confi
             z4 = None if cfg.symmetric else z[:, None, :, None]
             q = fake_quantize(xg[None, ...], s4, z4, cfg, xp=xp)
             if cfg.search == "imatrix":
-                d = xp.abs(xp.astype(q, xp.float32) - xp.astype(xg, xp.float32)[None, ...]) ** cfg.norm
+                d = xp.abs(xp.astype(q, xp.float32) - xp.astype(xg, xp.float32, copy=False)[None, ...]) ** cfg.norm
                 if wg is not None:
                     d = d * wg[None, ...]
             else:
@@ -487,8 +485,7 @@ def error_table(observed: Array, min_vals: Array, max_vals: Array, config: Confi
             cols.append(xp.sum(d, axis=(1, 3)))
         rows.append(cols[0] if len(cols) == 1 else xp.concat(cols, axis=0))
     err = rows[0] if len(rows) == 1 else xp.concat(rows, axis=1)
-    full = (t,) + tuple(min_vals.shape)
-    return xp.reshape(err, full), cmin, cmax
+    return xp.reshape(err, (t,) + tuple(min_vals.shape)), cmin, cmax
 
 
 def select_candidates(err: Array, cand_min: Array, cand_max: Array, min_vals: Array, max_vals: Array,
