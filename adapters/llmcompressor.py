@@ -108,7 +108,7 @@ class _Core:
     def update_statistics_from_observed(self, observed: torch.Tensor) -> None:
         cfg = self.core_config
         if hasattr(self, "min_vals") and cfg.mode != "memoryless":
-            state = llm.State(self.min_vals, self.max_vals, torch.ones((), dtype=torch.int64))
+            state = llm.State(self.min_vals, self.max_vals, torch.ones((), dtype=torch.int64, device=observed.device))
         else:
             state = llm.init(cfg, qparam_shape=tuple(observed.shape[1:-1]), dtype=observed.dtype,
                              device=observed.device, xp=_xp())

@@ -274,3 +274,33 @@ def test_nvfp4_fused_global_scale():
 def test_mse_larger_grid(preset, seed):
     w = make_weight(KINDS[seed % len(KINDS)], (512, 1024), seed=100 + seed)
     assert_same_qparams(*both("memoryless_mse", weight_args(preset), [w]))
+
+
+@pytest.mark.parametrize("strategy", ["tensor", "attn_head"])
+@pytest.mark.parametrize("observer", ["static_minmax", "minmax", "memoryless_mse"])
+def test_attention_states(strategy, observer):
+    args = QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True)
+    g = torch.Generator().manual_seed(11)
+    states = [torch.randn(2, 4, 6, 16, generator=g) * (i + 1) for i in range(2)]
+    assert_same_qparams(*both(observer, args, states, base_name="k"))
+
+
+@pytest.mark.parametrize("preset", ["W4A16", "W4A16_ASYM", "W8A8", "FP8", "NVFP4A16", "MXFP4A16", "MXFP8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fake_quantize_equals_compressed_tensors(preset, dtype):
+    """The core's fake quantizer (E2M1/E4M3/int values, NVFP4's global scale) against compressed-tensors'
+    ``fake_quantize`` with the same qparams, on the weight's own layout."""
+    from compressed_tensors.quantization.lifecycle import fake_quantize
+
+    from observers_core.families import llm
+
+    args = weight_args(preset)
+    w = make_weight("outlier", (32, 256), seed=12, dtype=dtype)
+    qp = run(oc.PREFIX + "memoryless-minmax", args, [w])
+    theirs = fake_quantize(w, qp["scale"], qp["zero_point"], args, global_scale=qp["global_scale"])
+    cfg = oc.config_from_args(args)
+    flat = llm.flatten(w, cfg)
+    zp = None if args.symmetric else qp["zero_point"].unsqueeze(-1)
+    ours = llm.fake_quantize(flat, qp["scale"].reshape(flat.shape[1:-1]).unsqueeze(-1), zp, cfg,
+                             global_scale=qp["global_scale"]).reshape(w.shape)
+    assert ours.dtype == theirs.dtype and torch.equal(bits(ours), bits(theirs))

@@ -16,6 +16,8 @@ Modules: :mod:`~observers_core.families.minmax` (running range and moving averag
 channel), :mod:`~observers_core.families.histogram` (torch's HistogramObserver: binning, combine, L2
 search), :mod:`~observers_core.families.lowbit` (per-group int, fp8, MX, BFP16) and
 :mod:`~observers_core.families.calibration` (KL, MSE, percentile, Mix: configuration, per-batch update,
-the KL accumulator and its merge; not yet in the init/update/merge/qparams shape). Updates take
+the KL accumulator and its merge; not yet in the init/update/merge/qparams shape) and
+:mod:`~observers_core.families.llm` (llm-compressor's min/max, MSE grid search and imatrix observers over
+compressed-tensors' formats: NVFP4, MX, fp8 blocks, int groups; docs/llm.md). Updates take
 ``collective=`` (:class:`observers_core.Collective`) to combine every member's batch of one step.
 """

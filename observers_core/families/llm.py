@@ -30,11 +30,12 @@ float32 values that are exactly representable in E4M3 (the adapter casts).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from .._mx import MX_ELEMENTS, _scale_by_pow2, floor_log2, round_to_element
-from .._namespace import _half_dtypes, array_namespace, clamp, device_of, size
+from .._collective import check_collective, reduce_range
+from .._mx import MX_ELEMENTS, e8m0_to_float, floor_log2, round_to_element
+from .._namespace import array_namespace, clamp, device_of, size
 from .._validate import check_bool, check_choice, check_float, check_int
 
 __all__ = [
@@ -47,7 +48,7 @@ __all__ = [
 
 Array = Any
 
-STRATEGIES = ("tensor", "channel", "group", "tensor_group", "block", "token")
+STRATEGIES = ("tensor", "channel", "group", "tensor_group", "block", "token", "attn_head")
 SCALE_DTYPES = (None, "float32", "float16", "bfloat16", "float8_e4m3fn", "uint8")
 ZP_DTYPES = ("int8", "int16", "int32", "uint8", "float8_e4m3fn")
 MODES = ("memoryless", "static", "moving")
@@ -122,7 +123,7 @@ class Config:
     grid: float = 100.0
     norm: float = 2.4
     expand: float = 1.0
-    chunk_elements: int = 2**20
+    chunk_elements: int = 2**22
 
     def __post_init__(self) -> None:
         check_choice(self.type, "type", ("int", "float"))
@@ -233,10 +234,15 @@ def flatten(x: Array, config: Config, /, *, role: str = "weight", xp: Any = None
         if s in ("group", "tensor_group"):
             return xp.reshape(x, (-1, h // config.group_size, config.group_size))
         raise ValueError(f"strategy={s!r} cannot be applied to activations")
+    if x.ndim != 4:
+        raise ValueError(f"an attention state must be 4-D (batch, heads, seq, head_dim), got shape {tuple(x.shape)}")
+    b, nh, t, d = x.shape
+    tokens_first = xp.permute_dims(x, (0, 2, 1, 3))
     if s == "tensor":
-        b, nh, t, d = x.shape
-        return xp.reshape(xp.permute_dims(x, (0, 2, 1, 3)), (b * t, 1, nh * d))
-    raise ValueError(f"strategy={s!r} is not supported for attention states here")
+        return xp.reshape(tokens_first, (b * t, 1, nh * d))
+    if s == "attn_head":
+        return xp.reshape(tokens_first, (b * t, nh, 1, 1, d))
+    raise ValueError(f"strategy={s!r} cannot be applied to attention states")
 
 
 # ---------------------------------------------------------------------------------------------- qparams
@@ -247,13 +253,10 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def _named_dtype(name: str, xp: Any) -> Any:
-    if name == "bfloat16":
-        halves = _half_dtypes(xp)
-        found = [d for d in halves if _dtype_name(d) == "bfloat16"]
-        if not found:
-            raise TypeError(f"scale_dtype='bfloat16' is not available in {xp.__name__}")
-        return found[0]
-    return getattr(xp, name)
+    dtype = getattr(xp, name, None)
+    if dtype is None:
+        raise TypeError(f"dtype {name!r} is not available in {getattr(xp, '__name__', xp)}")
+    return dtype
 
 
 def _round_to_float(x: Array, name: str, xp: Any) -> Array:
@@ -323,9 +326,11 @@ def calculate_qparams(min_vals: Array, max_vals: Array, config: Config, /, *, gl
         else:
             scales = _round_to_float(scales, config.scale_dtype, xp)
     if config.is_mx:
-        exps = xp.astype(xp.astype(scales, xp.int32) - 127, xp.int32)
-        ones = xp.ones(scales.shape, dtype=xp.float32, device=device_of(scales))
-        scales = xp.astype(_scale_by_pow2(ones, exps, xp), scales.dtype)
+        codes = xp.astype(scales, xp.uint8)
+        # 2 ** (code - 127) in float32; code 255 is 2 ** 128 = inf there (OCP's E8M0 reads it as NaN)
+        values = xp.where(codes == 255, xp.full(codes.shape, math.inf, dtype=xp.float32, device=device_of(codes)),
+                          e8m0_to_float(codes, xp=xp))
+        scales = xp.astype(values, scales.dtype)
     eps_name = config.scale_dtype if config.scale_dtype is not None else _dtype_name(scales.dtype)
     eps = 1.0 if eps_name == "uint8" else _FLOAT_EPS[eps_name]
     scales = xp.where(scales == 0, xp.full((), eps, dtype=scales.dtype, device=device_of(scales)), scales)
@@ -442,8 +447,6 @@ def error_table(observed: Array, min_vals: Array, max_vals: Array, config: Confi
     xp = array_namespace(observed, xp=xp)
     cfg = config
     if cfg.strategy == "tensor_group" and cfg.scale_dtype is not None:
-        from dataclasses import replace
-
         cfg = replace(cfg, scale_dtype=None)  # the search runs without the global scale
     factors_list = config.shrink_factors()
     t = len(factors_list)
@@ -474,7 +477,7 @@ def error_table(observed: Array, min_vals: Array, max_vals: Array, config: Confi
             z4 = None if cfg.symmetric else z[:, None, :, None]
             q = fake_quantize(xg[None, ...], s4, z4, cfg, xp=xp)
             if cfg.search == "imatrix":
-                d = xp.abs(xp.astype(q, xp.float32) - xp.astype(xg, xp.float32)[None, ...]) ** cfg.norm
+                d = xp.abs(xp.astype(q, xp.float32) - xp.astype(xg, xp.float32, copy=False)[None, ...]) ** cfg.norm
                 if wg is not None:
                     d = d * wg[None, ...]
             else:
@@ -482,8 +485,7 @@ def error_table(observed: Array, min_vals: Array, max_vals: Array, config: Confi
             cols.append(xp.sum(d, axis=(1, 3)))
         rows.append(cols[0] if len(cols) == 1 else xp.concat(cols, axis=0))
     err = rows[0] if len(rows) == 1 else xp.concat(rows, axis=1)
-    full = (t,) + tuple(min_vals.shape)
-    return xp.reshape(err, full), cmin, cmax
+    return xp.reshape(err, (t,) + tuple(min_vals.shape)), cmin, cmax
 
 
 def select_candidates(err: Array, cand_min: Array, cand_max: Array, min_vals: Array, max_vals: Array,
@@ -556,14 +558,27 @@ def observe(config: Config, observed: Array, /, *, weights: Array | None = None,
     return xp.min(observed, axis=(0, observed.ndim - 1)), xp.max(observed, axis=(0, observed.ndim - 1))
 
 
-def update(config: Config, state: State, observed: Array, /, *, weights: Array | None = None, xp: Any = None) -> State:
-    """The state after one flattened batch (an empty batch changes nothing, as llm-compressor)."""
+def update(config: Config, state: State, observed: Array, /, *, weights: Array | None = None, collective: Any = None,
+           xp: Any = None) -> State:
+    """The state after one flattened batch (an empty batch changes nothing, as llm-compressor). With a
+    ``collective`` (:class:`observers_core.Collective`), the batch range is reduced across the group first
+    (every member then holds the state of one process on all members' batches; an empty batch
+    contributes ``+inf``/``-inf``); not with a search (weights are replicated: search on each member)."""
     xp = array_namespace(observed, xp=xp)
+    check_collective(collective)
+    if collective is not None and config.search is not None:
+        raise ValueError(f"collective= is not supported with search={config.search!r}: a weight is the same on "
+                         "every member; search it on each")
     if size(observed) == 0:
-        return state
-    mn, mx = observe(config, observed, weights=weights, xp=xp)
+        if collective is None:
+            return state
+        mn = xp.full(state.min_vals.shape, math.inf, dtype=state.min_vals.dtype, device=device_of(state.min_vals))
+        mx = xp.full(state.max_vals.shape, -math.inf, dtype=state.max_vals.dtype, device=device_of(state.max_vals))
+    else:
+        mn, mx = observe(config, observed, weights=weights, xp=xp)
     if tuple(mn.shape) != tuple(state.min_vals.shape):
         raise ValueError(f"observed has qparam shape {tuple(mn.shape)}, the state {tuple(state.min_vals.shape)}")
+    mn, mx = reduce_range(mn, mx, collective)
     first = state.count == 0
     if config.mode == "static":
         mn = xp.where(first, mn, _min2(mn, state.min_vals, xp))
@@ -580,14 +595,12 @@ def merge(config: Config, a: State, b: State, /, *, xp: Any = None) -> State:
     (the later batch). A moving average has no exact merge (ValueError): sync its batches instead."""
     xp = array_namespace(a.min_vals, xp=xp)
     if config.mode == "memoryless":
-        return b if not _is_zero(b.count, xp) else a
+        later = b.count > 0
+        return State(xp.where(later, b.min_vals, a.min_vals), xp.where(later, b.max_vals, a.max_vals),
+                     a.count + b.count)
     if config.mode == "moving":
         raise ValueError("mode='moving' has no exact merge: a moving average depends on the batch order")
     return State(_min2(a.min_vals, b.min_vals, xp), _max2(a.max_vals, b.max_vals, xp), a.count + b.count)
-
-
-def _is_zero(count: Array, xp: Any) -> bool:
-    return bool(count == 0)  # a host read on merge only (a 0-d count)
 
 
 def qparams(config: Config, state: State, /, *, global_scale: Array | None = None, xp: Any = None) -> QParams:
@@ -612,15 +625,20 @@ def importance_init(channels: int, /, *, device: Any = None, xp: Any = None) -> 
                       xp.zeros((), dtype=xp.int64, device=device))
 
 
-def importance_update(state: Importance, x: Array, /, *, xp: Any = None) -> Importance:
-    """Adds ``sum over tokens of x^2`` (float32) per last-axis channel and the token count."""
+def importance_update(state: Importance, x: Array, /, *, collective: Any = None, xp: Any = None) -> Importance:
+    """Adds ``sum over tokens of x^2`` (float32) per last-axis channel and the token count (with a
+    ``collective``: every member's, summed across the group)."""
     xp = array_namespace(x, xp=xp)
+    check_collective(collective)
     if x.shape[-1] != state.sum.shape[0]:
         raise ValueError(f"x has {x.shape[-1]} channels on its last axis, the state {state.sum.shape[0]}")
     xf = xp.astype(x, xp.float32)
     tokens = math.prod(x.shape[:-1])
     part = xp.sum(xf**2, axis=tuple(range(x.ndim - 1))) if x.ndim > 1 else xf**2
-    return Importance(state.sum + part, state.count + tokens)
+    count = xp.full((), tokens, dtype=state.count.dtype, device=device_of(state.count))
+    if collective is not None:
+        part, count = collective.sum(part), collective.sum(count)
+    return Importance(state.sum + part, state.count + count)
 
 
 def importance_merge(a: Importance, b: Importance, /) -> Importance:
