@@ -48,17 +48,13 @@ import torch
 
 from observers_core._histogram import HistogramState, histogram
 from observers_core._l2_search import non_linear_param_search, quantization_error
-from observers_core._dtypes import QScheme
 from observers_core._state_dict import check_entry
 from observers_core._validate import INF
 from observers_core.families import histogram as family
 
-from . import _array_histogram
 from ._torch_distributed import merge_keys
-from ._torch_backend import TORCH, to_core_dtype, to_core_qscheme
-from ._torch_minmax import UniformQuantizationObserverBase, all_or_nothing, buffer_attribute
-
-__all__ = ["HistogramObserver", "default_histogram_observer"]
+from ._torch_backend import TORCH
+from ._torch_minmax import all_or_nothing, buffer_attribute
 
 # The core's histogram functions get the plain array-API namespace: they pass Python scalars to
 # minimum/maximum/where, which the torch adapter's faster namespace (raw torch functions) rejects.
@@ -218,12 +214,3 @@ class TorchHistogram:
     def extra_repr(self):
         rate = "" if self.upsample_rate == 16 else f", upsample_rate={self.upsample_rate}"
         return f"min_val={self.min_val}, max_val={self.max_val}" + rate + self._repr_suffix()
-
-
-class HistogramObserver(TorchHistogram, _array_histogram.HistogramObserver, UniformQuantizationObserverBase):
-    r"""torch.ao's ``HistogramObserver``: a running histogram of everything observed and torch's L2 search for
-    the clipping range (:class:`TorchHistogram`), plus ``upsample_rate`` and ``ignore_nonfinite``."""
-
-
-default_histogram_observer = HistogramObserver.with_args(quant_min=0, quant_max=127)
-"""Default histogram observer, usually used for PTQ (activations in [0, 127])."""
