@@ -98,15 +98,12 @@ class TorchHistogram:
                              "bins must not change after construction")  # fmt: skip
         return HistogramState(hist.float(), buffers["min_val"].float(), buffers["max_val"].float())
 
-    def _config(self) -> family.Config:
-        return family.Config(self.bins, self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite)
-
     _SYNC_BUFFERS = ("histogram", "min_val", "max_val")
 
     def _merge_replicas(self, states):
         """sync_observers: the family ``merge`` folded in rank order (torch's re-binning onto the union
         range; exact when the ranges agree, else within the bound of :mod:`observers_core.families.histogram`)."""
-        config = self._config()
+        config = self.update_config
         return merge_keys(states, self._SYNC_BUFFERS, partial(reduce, lambda a, b: family.merge(config, a, b)),
                           wrap=lambda *v: HistogramState(*(t.float() for t in v)))  # fmt: skip
 
@@ -128,7 +125,7 @@ class TorchHistogram:
         return TORCH.checked_input(x_orig, self._buffers["histogram"])
 
     def _observe(self, state: HistogramState, x: torch.Tensor, axis: None, collective) -> None:
-        new, nonfinite = family.update_counting(self._config(), state, x, collective=collective)
+        new, nonfinite = family.update_counting(self.update_config, state, x, collective=collective)
         if not self.ignore_nonfinite:  # torch's warning for +/-inf, ours for NaN (counted while binning)
             infs, nans = nonfinite.tolist()
             if nans:

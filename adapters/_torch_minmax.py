@@ -1,5 +1,9 @@
-"""The min/max family of the torch adapter and the torch bases the other families build on (the tensors
-themselves are :mod:`._torch_backend`'s; imported by :mod:`observers_core.adapters.torch`, the public module)."""
+"""The torch storage of the observers (:class:`TorchModule`, :class:`TorchBuffers`, :class:`TorchRange`,
+:class:`TorchPerChannel`): what torch.ao's drop-in needs beside the generic classes of ``_array_*.py``,
+in one place: ``nn.Module``'s call, repr and state dicts, registered buffers written in place, torch's dtype
+and qscheme objects, state-dict versions and checked loads (:func:`all_or_nothing`), torch's host-side
+qparams checks. The public classes combine them in :mod:`observers_core.adapters.torch`; the tensors
+themselves are :mod:`._torch_backend`'s."""
 
 from __future__ import annotations
 
