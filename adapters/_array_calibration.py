@@ -1,7 +1,7 @@
 """Calibration observers (Horizon ``observer_v2``: KL, MSE, percentile, mix) over one array namespace.
 
 Used directly (``xp=numpy`` by default, or ``array_api_strict``) they are plain NumPy observers;
-``observers_core.adapters.jax`` and ``.cupy`` bind them to their backend (``jax.jit``, devices), and
+``observers_core.adapters.jax`` and ``.cupy`` subclass them on their backend (``jax.jit``, devices), and
 ``observers_core.adapters.torch`` runs the same pure steps of :mod:`observers_core.families.calibration`
 (``make_config``, ``batch_update``, ``kl_init``, ``kl_accumulate``, ``kl_update``) behind ``nn.Module``
 buffers.
@@ -159,7 +159,7 @@ def method_options(owner: str, own: tuple[str, ...], **given: Any) -> dict[str, 
 class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
     """Shared by the four observers: configuration and the per-batch step (``batch_update`` of the
     core, run by the backend). ``_setup`` is what the public constructors call (every framework's
-    base has one: the torch classes are these constructors bound to ``adapters.torch``'s base)."""
+    class and the torch one inherit this class's constructor)."""
 
     _METHOD = ""
     #: the method keywords (of ``percentile``, ``stride``, ``update_interval``) the public constructor takes

@@ -1,7 +1,7 @@
 """Low-bit observers over one array-API namespace: per-group integers, fp8 scaling, OCP MX and BFP16.
 
 Used directly (``xp=numpy`` by default, or ``array_api_strict``) they are plain NumPy observers;
-``observers_core.adapters.jax`` and ``.cupy`` bind them to their backend (``jax.jit``, devices), and
+``observers_core.adapters.jax`` and ``.cupy`` subclass them on their backend (``jax.jit``, devices), and
 ``observers_core.adapters.torch`` holds the same statistics in ``nn.Module`` buffers; the pure parts
 (:func:`~observers_core.families.lowbit.make_spec`, ``observe``, ``check_loaded_stats``...) live in
 :mod:`observers_core.families.lowbit`.

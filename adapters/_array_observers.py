@@ -7,7 +7,7 @@ The classes mirror ``torch.ao.quantization.observer`` (class names, constructor 
 arrays of one namespace and call the pure core for every update and for the qparams.
 
 Used directly (``xp=numpy`` by default, or ``array_api_strict``) they are plain NumPy observers;
-``observers_core.adapters.jax`` and ``.cupy`` bind them to their
+``observers_core.adapters.jax`` and ``.cupy`` subclass them on their
 :class:`~observers_core.adapters._backend.Backend` (``jax.jit``, devices) and add nothing else. Deliberate differences from torch are listed in README.md ("Differences from
 torch.ao"); zero points are int32 (affine) or the namespace's index dtype (symmetric, and the defaults of
 an observer that has seen nothing), where torch has int32/int64.
@@ -111,7 +111,8 @@ class ObserverBase:
     """What every observer shares: its :class:`~observers_core.adapters._backend.Backend` (the array
     library: input coercion, devices, how the pure core runs), ``dtype`` and ``is_dynamic``.
 
-    A framework binds the generic classes to its backend by setting ``_BACKEND_TYPE``; nothing else.
+    A framework's class is the generic one with its ``_BACKEND_TYPE`` (JAX, CuPy: a one-line subclass); the
+    torch classes add torch's storage (``adapters/_torch_minmax.py``: ``TorchBuffers``).
     """
 
     _BACKEND_TYPE: type[Backend] = Backend

@@ -16,7 +16,7 @@ The observers of :mod:`._array_observers`, :mod:`._array_histogram`, :mod:`._arr
 - ``collective(collective, axis_name)``: the collective of a pure ``update`` (``axis_name``: JAX only).
 
 One instance per framework (:data:`ARRAY` for any namespace given as ``xp=``; ``adapters.jax`` and
-``adapters.cupy`` define theirs); the public classes of a framework are the generic ones bound to it.
+``adapters.cupy`` define theirs); the public classes of a framework are one-line subclasses of the generic ones that name it.
 """
 
 from __future__ import annotations

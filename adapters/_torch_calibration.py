@@ -36,11 +36,9 @@ from __future__ import annotations
 import dataclasses
 from functools import partial, reduce
 
-import numpy as np
 import torch
 
 from observers_core import CalibHistogram
-from observers_core._dtypes import QScheme
 from observers_core._minmax import MinMaxState, mean_of_replicas
 from observers_core._validate import INF, UnsupportedConfigError, check_averaging_constant, check_bool, check_int
 
@@ -48,11 +46,9 @@ from observers_core.families import calibration as family
 
 from . import _array_calibration as _base
 from ._torch_distributed import merge_keys
-from ._torch_backend import TORCH, to_core_dtype, to_core_qscheme
-from ._torch_minmax import UniformQuantizationObserverBase, all_or_nothing
+from ._torch_backend import TORCH
+from ._torch_minmax import all_or_nothing
 
-
-__all__ = list(_base.__all__)
 
 #: KLObserver's non-persistent buffers: the fields of ``KLAccumulator`` (histogram, then range).
 _ACC_BUFFERS = ("hist_counts", "hist_lo", "hist_width", "hist_min_val", "hist_max_val", "seen_min_val", "seen_max_val")
@@ -226,19 +222,3 @@ class TorchKL(TorchCalibration):
 
     def extra_repr(self):
         return super().extra_repr() + f", num_steps={self.num_steps}"
-
-
-class PercentileObserver(TorchCalibration, _base.PercentileObserver, UniformQuantizationObserverBase):
-    __doc__ = _base.PercentileObserver.__doc__
-
-
-class MSEObserver(TorchCalibration, _base.MSEObserver, UniformQuantizationObserverBase):
-    __doc__ = _base.MSEObserver.__doc__
-
-
-class MixObserver(TorchCalibration, _base.MixObserver, UniformQuantizationObserverBase):
-    __doc__ = _base.MixObserver.__doc__
-
-
-class KLObserver(TorchKL, _base.KLObserver, UniformQuantizationObserverBase):
-    __doc__ = _base.KLObserver.__doc__

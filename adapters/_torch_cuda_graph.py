@@ -14,8 +14,8 @@ from typing import Callable
 import torch
 from torch.ao.quantization.observer import ObserverBase
 
-from ._torch_calibration import KLObserver
-from ._torch_histogram import HistogramObserver
+from ._torch_calibration import TorchKL
+from ._torch_histogram import TorchHistogram
 
 __all__ = ["cuda_graph_forward"]
 
@@ -41,10 +41,10 @@ def cuda_graph_forward(module: torch.nn.Module, example: torch.Tensor) -> Callab
         raise TypeError(f"example must be a torch.Tensor, got {type(example).__name__}")
     for name, sub in module.named_modules():
         where = f"{type(sub).__name__}" + (f" at {name!r}" if name else "")
-        if isinstance(sub, KLObserver):
+        if isinstance(sub, TorchKL):
             raise ValueError(f"{where} cannot be replayed from a CUDA graph: a Python step count decides when "
                              "its search runs")
-        if isinstance(sub, HistogramObserver) and not sub.ignore_nonfinite:
+        if isinstance(sub, TorchHistogram) and not sub.ignore_nonfinite:
             raise ValueError(f"{where}: HistogramObserver(ignore_nonfinite=False) reads its non-finite counts on "
                              "the host for torch's warnings, which a CUDA graph cannot hold: pass ignore_nonfinite=True")
         if isinstance(sub, ObserverBase) and getattr(sub, "sync", False) is True:

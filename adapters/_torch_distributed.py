@@ -22,7 +22,7 @@ import torch.distributed as dist
 from observers_core import MinMaxState, minmax_merge
 from observers_core._validate import INF, check_bool
 
-__all__ = ["TorchCollective", "sync_observers"]
+__all__ = ["GroupCollective", "SyncMixin", "sync_observers"]
 
 
 def _check_group(process_group: Any) -> Any:
@@ -41,7 +41,7 @@ def _check_initialized(owner: str) -> None:
         )
 
 
-class TorchCollective:
+class GroupCollective:
     """:class:`observers_core.Collective` over ``torch.distributed.all_reduce`` on ``process_group``
     (``None``: the default group). Takes torch tensors or NumPy arrays (reduced through a tensor copy)
     and returns the same kind, shape and dtype; the input is never modified.
@@ -144,7 +144,7 @@ class SyncMixin:
     def is_sync_quantize(self, value: Any) -> None:
         self.sync = check_bool(value, "is_sync_quantize")
 
-    def _collective(self) -> TorchCollective | None:
+    def _collective(self) -> GroupCollective | None:
         """``None`` without ``sync``; otherwise the group's collective, after a one-time check (the first
         synced batch) that every rank's observer has this configuration: ``ValueError`` on every rank."""
         if not self.__dict__.get("sync", False):
@@ -153,7 +153,7 @@ class SyncMixin:
         if not self._sync_checked:
             _check_same_everywhere([("observer", self._sync_fingerprint())], self.process_group, "sync=True")
             self._sync_checked = True
-        return TorchCollective(self.process_group)
+        return GroupCollective(self.process_group)
 
     def _sync_fingerprint(self) -> tuple:
         eps = self._buffers.get("eps")

@@ -48,17 +48,13 @@ import torch
 
 from observers_core._histogram import HistogramState, histogram
 from observers_core._l2_search import non_linear_param_search, quantization_error
-from observers_core._dtypes import QScheme
 from observers_core._state_dict import check_entry
 from observers_core._validate import INF
 from observers_core.families import histogram as family
 
-from . import _array_histogram
 from ._torch_distributed import merge_keys
-from ._torch_backend import TORCH, to_core_dtype, to_core_qscheme
-from ._torch_minmax import UniformQuantizationObserverBase, all_or_nothing, buffer_attribute
-
-__all__ = ["HistogramObserver", "default_histogram_observer"]
+from ._torch_backend import TORCH
+from ._torch_minmax import all_or_nothing, buffer_attribute
 
 # The core's histogram functions get the plain array-API namespace: they pass Python scalars to
 # minimum/maximum/where, which the torch adapter's faster namespace (raw torch functions) rejects.
@@ -102,15 +98,12 @@ class TorchHistogram:
                              "bins must not change after construction")  # fmt: skip
         return HistogramState(hist.float(), buffers["min_val"].float(), buffers["max_val"].float())
 
-    def _config(self) -> family.Config:
-        return family.Config(self.bins, self.upsample_rate, ignore_nonfinite=self.ignore_nonfinite)
-
     _SYNC_BUFFERS = ("histogram", "min_val", "max_val")
 
     def _merge_replicas(self, states):
         """sync_observers: the family ``merge`` folded in rank order (torch's re-binning onto the union
         range; exact when the ranges agree, else within the bound of :mod:`observers_core.families.histogram`)."""
-        config = self._config()
+        config = self.update_config
         return merge_keys(states, self._SYNC_BUFFERS, partial(reduce, lambda a, b: family.merge(config, a, b)),
                           wrap=lambda *v: HistogramState(*(t.float() for t in v)))  # fmt: skip
 
@@ -132,7 +125,7 @@ class TorchHistogram:
         return TORCH.checked_input(x_orig, self._buffers["histogram"])
 
     def _observe(self, state: HistogramState, x: torch.Tensor, axis: None, collective) -> None:
-        new, nonfinite = family.update_counting(self._config(), state, x, collective=collective)
+        new, nonfinite = family.update_counting(self.update_config, state, x, collective=collective)
         if not self.ignore_nonfinite:  # torch's warning for +/-inf, ours for NaN (counted while binning)
             infs, nans = nonfinite.tolist()
             if nans:
@@ -218,12 +211,3 @@ class TorchHistogram:
     def extra_repr(self):
         rate = "" if self.upsample_rate == 16 else f", upsample_rate={self.upsample_rate}"
         return f"min_val={self.min_val}, max_val={self.max_val}" + rate + self._repr_suffix()
-
-
-class HistogramObserver(TorchHistogram, _array_histogram.HistogramObserver, UniformQuantizationObserverBase):
-    r"""torch.ao's ``HistogramObserver``: a running histogram of everything observed and torch's L2 search for
-    the clipping range (:class:`TorchHistogram`), plus ``upsample_rate`` and ``ignore_nonfinite``."""
-
-
-default_histogram_observer = HistogramObserver.with_args(quant_min=0, quant_max=127)
-"""Default histogram observer, usually used for PTQ (activations in [0, 127])."""

@@ -28,12 +28,9 @@ import torch
 from observers_core._minmax import MinMaxState
 from observers_core._validate import check_bool
 
-from . import _array_lowbit as _base
 from ._torch_backend import TORCH, to_lowbit_dtype
-from ._torch_minmax import ObserverBase, TorchModule, all_or_nothing
-from ._torch_pt2e import link_torchao, pt2e_observer
-
-__all__ = list(_base.__all__)
+from ._torch_minmax import ObserverBase, all_or_nothing
+from ._torch_pt2e import link_torchao
 
 class TorchLowBit:
     """The torch storage of the low-bit observers (the public classes: ``TorchLowBit`` over the generic
@@ -100,40 +97,3 @@ class TorchLowBit:
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
-
-
-@pt2e_observer
-class LowBitBase(TorchModule, _base.StatefulObserver, ObserverBase):
-    """torch's base of the low-bit observers (``nn.Module``, torch's ``ObserverBase``, state-dict version 1)."""
-
-    _version = 1
-
-
-class LowBitObserver(TorchLowBit, _base.LowBitObserver, LowBitBase):
-    r"""Any low-bit format of :func:`observers_core.lowbit_spec` (the four classes below fix the family).
-
-    ``forward(x)`` records ``lowbit_stats(x)`` (merged with ``minmax_merge``, or alone when
-    ``is_dynamic``) and returns ``x``; ``calculate_qparams()`` is ``lowbit_qparams`` of the buffers:
-    ``(scale, zero_point)`` for integers and fp8, ``BlockScale(scale, exponent)`` (uint8 E8M0 codes) for
-    MX and BFP16. ``ignore_nonfinite=True`` skips NaN/+-Inf (BFP16 always does).
-
-    ``sync=True`` (keyword-only, with ``process_group=None``: the default group): each batch's statistics
-    are merged across the ranks before they are recorded (every rank's ``x`` must have the same shape,
-    an empty ``x`` takes part once the statistics exist), so every rank holds the same statistics.
-    """
-
-
-class PerGroupMinMaxObserver(_base.PerGroupMinMaxObserver, LowBitObserver):
-    __doc__ = _base.PerGroupMinMaxObserver.__doc__
-
-
-class FP8Observer(_base.FP8Observer, LowBitObserver):
-    __doc__ = _base.FP8Observer.__doc__
-
-
-class PerBlockMXObserver(_base.PerBlockMXObserver, LowBitObserver):
-    __doc__ = _base.PerBlockMXObserver.__doc__
-
-
-class PerBlockBFPObserver(_base.PerBlockBFPObserver, LowBitObserver):
-    __doc__ = _base.PerBlockBFPObserver.__doc__

@@ -1,5 +1,9 @@
-"""The min/max family of the torch adapter and the torch bases the other families build on (the tensors
-themselves are :mod:`._torch_backend`'s; imported by :mod:`observers_core.adapters.torch`, the public module)."""
+"""The torch storage of the observers (:class:`TorchModule`, :class:`TorchBuffers`, :class:`TorchRange`,
+:class:`TorchPerChannel`): what torch.ao's drop-in needs beside the generic classes of ``_array_*.py``,
+in one place: ``nn.Module``'s call, repr and state dicts, registered buffers written in place, torch's dtype
+and qscheme objects, state-dict versions and checked loads (:func:`all_or_nothing`), torch's host-side
+qparams checks. The public classes combine them in :mod:`observers_core.adapters.torch`; the tensors
+themselves are :mod:`._torch_backend`'s."""
 
 from __future__ import annotations
 
@@ -15,7 +19,6 @@ from torch.ao.quantization import observer as _torch_observer
 
 from .. import (
     MinMaxState,
-    QScheme,
     QuantSpec,
     calculate_qparams,
     minmax_init,
@@ -23,51 +26,17 @@ from .. import (
     validate_qmin_qmax,
 )
 from .._dtypes import check_int32_zero_points
-from .._minmax import mean_of_replicas
 from .._qparams import UNINITIALIZED_WARNING
-from .._fixed import check_fixed_observer, check_fixed_qparams
 from .._state_dict import check_minmax_entries
-from .._validate import INF, check_bool, check_channel_count, check_float
+from .._validate import INF, check_bool, check_channel_count
 from ..families import minmax as minmax_family
 from . import _array_observers as _base
 from ._torch_backend import TORCH, TORCH_DTYPES, TORCH_QSCHEMES, to_core_dtype, to_core_qscheme
 from ._torch_distributed import SyncMixin
-from ._torch_pt2e import link_torchao, pt2e_observer
+from ._torch_pt2e import link_torchao
 
-__all__ = [
-    "ObserverBase",
-    "UniformQuantizationObserverBase",
-    "MinMaxObserver",
-    "MovingAverageMinMaxObserver",
-    "PerChannelMinMaxObserver",
-    "MovingAveragePerChannelMinMaxObserver",
-    "FixedQParamsObserver",
-    "PlaceholderObserver",
-    "RecordingObserver",
-    "NoopObserver",
-    "ReuseInputObserver",
-    "default_observer",
-    "default_placeholder_observer",
-    "default_debug_observer",
-    "default_weight_observer",
-    "weight_observer_range_neg_127_to_127",
-    "default_per_channel_weight_observer",
-    "per_channel_weight_observer_range_neg_127_to_127",
-    "default_dynamic_quant_observer",
-    "default_float_qparams_observer",
-    "default_float_qparams_observer_4bit",
-    "default_fixed_qparams_range_neg1to1_observer",
-    "default_fixed_qparams_range_0to1_observer",
-    "default_symmetric_fixed_qparams_observer",
-    "default_affine_fixed_qparams_observer",
-    "default_reuse_input_observer",
-    "get_observer_state_dict",
-    "load_observer_state_dict",
-    "to_core_dtype",
-    "to_core_qscheme",
-]
 
-#: torch's observer base (re-exported): ``with_args``/``with_callable_args`` come from it.
+#: torch's observer base: ``with_args``/``with_callable_args`` come from it.
 ObserverBase = _torch_observer.ObserverBase
 
 
@@ -475,136 +444,6 @@ class TorchPerChannel(TorchRange):
         return f"min_val={self.min_val}, max_val={self.max_val}" + self._repr_suffix()
 
 
-# -- the public classes: the generic class (signature, checks, steps) on torch's storage ------------------
-
-
-@pt2e_observer
-class UniformQuantizationObserverBase(TorchBuffers, _base.UniformQuantizationObserverBase, ObserverBase):
-    r"""Common base of the observers that compute an affine/symmetric scale and zero point (torch.ao's
-    name): the configuration of :class:`._array_observers.UniformQuantizationObserverBase` stored as
-    torch.ao stores it (:class:`TorchBuffers`); ``calculate_qparams`` calls the core's
-    ``calculate_qparams``: affine ``s = max((max(x_max, 0) - min(x_min, 0)) / (Q_max - Q_min), eps)``,
-    ``z = clamp(Q_min - round(min(x_min, 0) / s), Q_min, Q_max)``; symmetric
-    ``s = max(max(-min(x_min, 0), max(x_max, 0)) / ((Q_max - Q_min) / 2), eps)``."""
-
-
-# torch's former name, kept there for backwards compatibility
-_ObserverBase = UniformQuantizationObserverBase
-
-
-class MinMaxObserver(TorchRange, _base.MinMaxObserver, UniformQuantizationObserverBase):
-    r"""Running min/max per tensor: ``x_min = min(x_min, min(X))``, ``x_max = max(x_max, max(X))``; torch.ao's
-    ``MinMaxObserver`` (``ignore_nonfinite=True`` skips NaN/Inf; by default a NaN poisons min/max, as in torch)."""
-
-
-class MovingAverageMinMaxObserver(_base.MovingAverageMinMaxObserver, MinMaxObserver):
-    r"""Moving average of the per-batch range: ``x_min = x_min + c * (min(X) - x_min)`` (likewise ``x_max``);
-    the first input sets the range. ``c = averaging_constant`` in ``[0, 1]``, read at each batch."""
-
-    _REPLICA_MERGE = staticmethod(mean_of_replicas)  # sync_observers: the mean of the replicas
-
-
-class PerChannelMinMaxObserver(TorchPerChannel, _base.PerChannelMinMaxObserver, UniformQuantizationObserverBase):
-    r"""Running min/max per channel along ``ch_axis``; qparams per channel. Per channel with
-    ``per_channel_affine_float_qparams``: ``s = (x_max - x_min) / (Q_max - Q_min)`` (1 where ``s <= eps``),
-    ``z = -x_min / s``. The buffers are empty until the first batch fixes the number of channels."""
-
-
-class MovingAveragePerChannelMinMaxObserver(_base.MovingAveragePerChannelMinMaxObserver, PerChannelMinMaxObserver):
-    r"""Per-channel moving average: ``x_min[c] = x_min[c] + a * (min(X[c]) - x_min[c])`` with
-    ``a = averaging_constant`` in ``[0, 1]``; the first input sets the ranges."""
-
-    _REPLICA_MERGE = staticmethod(mean_of_replicas)  # sync_observers: the mean of the replicas
-
-
-
-# ``HistogramObserver(UniformQuantizationObserverBase)`` (module ``_torch_histogram``, re-exported at the
-# end of this file) builds on the base above: ``checked_input``, ``_calculate_qparams`` (on the searched
-# range), ``_load_from_state_dict`` (plus its own version < 3 handling of the size-0 min/max buffers) and
-# ``_repr_suffix``; ``default_histogram_observer`` goes with it.
-
-
-# -- observers without statistics ----------------------------------------------------------------
-# These subclass torch's own classes, so torch's ``isinstance`` checks (``get_qparam_dict`` for
-# placeholders, ``_is_reuse_input_qconfig``) recognise them too.
-
-
-@pt2e_observer
-class FixedQParamsObserver(_torch_observer.FixedQParamsObserver):
-    r"""Returns the fixed ``(scale, zero_point)`` it was built with; ``forward`` only passes ``x`` on.
-
-    Checked: ``scale`` is a positive finite float, ``zero_point`` an int in ``[quant_min, quant_max]``,
-    ``dtype``/``qscheme`` known and per tensor. (torch's ``FixedQParamsFakeQuantize`` insists on torch's
-    exact class; use torch's ``FixedQParamsObserver`` there.)
-    """
-
-    def __init__(
-        self,
-        scale,
-        zero_point,
-        dtype=torch.quint8,
-        qscheme=torch.per_tensor_affine,
-        quant_min=0,
-        quant_max=255,
-        is_dynamic=False,
-        **kwargs,
-    ):
-        link_torchao()
-        spec, scale, zero_point = check_fixed_observer(
-            scale, zero_point, dtype=to_core_dtype(dtype), qscheme=to_core_qscheme(qscheme), quant_min=quant_min,
-            quant_max=quant_max, is_dynamic=is_dynamic,
-        )
-        super().__init__(
-            float(scale[0]), int(zero_point[0]), dtype=TORCH_DTYPES[spec.dtype], qscheme=TORCH_QSCHEMES[spec.qscheme],
-            quant_min=spec.quant_min, quant_max=spec.quant_max, is_dynamic=False, **kwargs,
-        )
-
-    @all_or_nothing
-    def _load_from_state_dict(
-        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-    ):
-        """``scale`` and ``zero_point`` from any framework's arrays, checked before anything changes
-        (:func:`observers_core._state_dict.check_fixed_qparams`; an entry that is missing is checked as
-        the buffer it leaves in place)."""
-        scale_key, zp_key = TORCH.entries(state_dict, prefix, ("scale", "zero_point"))
-        if scale_key in state_dict or zp_key in state_dict:
-            check_fixed_qparams(state_dict.get(scale_key, self.scale), state_dict.get(zp_key, self.zero_point),
-                                self.quant_min, self.quant_max, loaded=True)
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
-        )
-
-
-@pt2e_observer
-class PlaceholderObserver(_torch_observer.PlaceholderObserver):
-    r"""Observes nothing; carries ``dtype``/``is_dynamic`` (e.g. float16 or dynamic quantization) to
-    the quantized module's ``from_float``. ``calculate_qparams`` raises, as in torch. ``qscheme`` (when
-    given) must be a known scheme and ``eps`` a finite float, as on every framework (torch stores anything)."""
-
-    def __init__(self, dtype=torch.float32, custom_op_name="", compute_dtype=None, quant_min=None, quant_max=None,
-                 qscheme=None, eps=None, is_dynamic=False) -> None:
-        if qscheme is not None:
-            to_core_qscheme(qscheme)
-        if eps is not None:
-            check_float(eps, "eps")
-        super().__init__(dtype, custom_op_name, compute_dtype, quant_min, quant_max, qscheme, eps, is_dynamic)
-
-
-@pt2e_observer
-class RecordingObserver(_torch_observer.RecordingObserver):
-    r"""Debug observer: appends a clone of every observed tensor to ``tensor_val``."""
-
-
-@pt2e_observer
-class NoopObserver(_torch_observer.NoopObserver):
-    r"""Observes nothing (float16 quantization); ``calculate_qparams`` raises, as in torch."""
-
-
-@pt2e_observer
-class ReuseInputObserver(_torch_observer.ReuseInputObserver):
-    r"""Marks an op (e.g. ``reshape``) that reuses its input's observer (FX graph mode only)."""
-
-
 # -- state dicts ----------------------------------------------------------------------------------
 
 
@@ -644,68 +483,3 @@ def load_observer_state_dict(mod: torch.nn.Module, obs_dict: dict) -> None:
     problems += errors
     if problems:
         raise ValueError("obs_dict does not fit the observers of mod: " + "; ".join(problems))
-
-
-# -- presets (torch's ``default_*``; ``default_histogram_observer`` comes with HistogramObserver) --
-
-default_observer = MinMaxObserver.with_args(quant_min=0, quant_max=127)
-"""Default observer for static quantization (activations in [0, 127]), usually used for debugging."""
-
-default_placeholder_observer = PlaceholderObserver
-"""Default placeholder observer, usually used for quantization to torch.float16."""
-
-default_debug_observer = RecordingObserver
-"""Default debug-only observer."""
-
-default_weight_observer = MinMaxObserver.with_args(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric)
-"""Default weight observer."""
-
-def _range_neg_127_to_127(cls, qscheme):
-    """``cls`` with torch's arguments of the two ``*_range_neg_127_to_127`` presets (qint8 in [-127, 127])."""
-    return cls.with_args(dtype=torch.qint8, qscheme=qscheme, quant_min=-127, quant_max=127, eps=2**-12)
-
-
-weight_observer_range_neg_127_to_127 = _range_neg_127_to_127(MinMaxObserver, torch.per_tensor_symmetric)
-"""Symmetric weight observer with the 8-bit values restricted to [-127, +127], excluding -128."""
-
-default_per_channel_weight_observer = PerChannelMinMaxObserver.with_args(
-    dtype=torch.qint8, qscheme=torch.per_channel_symmetric
-)
-"""Default per-channel weight observer (fbgemm/x86 backends)."""
-
-per_channel_weight_observer_range_neg_127_to_127 = _range_neg_127_to_127(
-    PerChannelMinMaxObserver, torch.per_channel_symmetric
-)
-"""Per-channel, symmetric weight observer with the 8-bit values restricted to [-127, +127]."""
-
-default_dynamic_quant_observer = PlaceholderObserver.with_args(
-    dtype=torch.quint8,
-    quant_min=0,
-    quant_max=255,
-    is_dynamic=True,
-)
-"""Default observer for dynamic quantization."""
-
-default_float_qparams_observer = PerChannelMinMaxObserver.with_args(
-    dtype=torch.quint8, qscheme=torch.per_channel_affine_float_qparams, ch_axis=0
-)
-"""Default observer for a floating point zero-point."""
-
-default_float_qparams_observer_4bit = PerChannelMinMaxObserver.with_args(
-    dtype=torch.quint4x2, qscheme=torch.per_channel_affine_float_qparams, ch_axis=0
-)
-"""Default observer for a floating point zero-point and 4 bit activations."""
-
-default_fixed_qparams_range_neg1to1_observer = FixedQParamsObserver.with_args(
-    scale=2.0 / 256.0, zero_point=128, dtype=torch.quint8, quant_min=0, quant_max=255
-)
-default_fixed_qparams_range_0to1_observer = FixedQParamsObserver.with_args(
-    scale=1.0 / 256.0, zero_point=0, dtype=torch.quint8, quant_min=0, quant_max=255
-)
-# torch keeps these two names for backwards compatibility
-default_symmetric_fixed_qparams_observer = default_fixed_qparams_range_neg1to1_observer
-default_affine_fixed_qparams_observer = default_fixed_qparams_range_0to1_observer
-"""Default observers for fixed-qparams operations (sigmoid, tanh...)."""
-
-default_reuse_input_observer = ReuseInputObserver
-"""Default observer for ops like reshape that reuse the observer of their input."""

@@ -44,7 +44,6 @@ import torch
 
 from observers_core._validate import check_bool
 
-from . import adopt_public_names
 from .torch import (
     KLObserver,
     MixObserver,
@@ -161,4 +160,3 @@ class PerChannelMinMaxObserver(MovingAveragePerChannelMinMaxObserver):
             **_with_sync(is_sync_quantize, kwargs),
         )
 
-adopt_public_names(globals())

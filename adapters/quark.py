@@ -94,7 +94,6 @@ from observers_core._minmax import MinMaxState
 
 from observers_core.families import calibration as calibration_family
 
-from . import adopt_public_names
 from ._torch_backend import TORCH
 from .torch import (
     HistogramObserver,
@@ -480,4 +479,3 @@ class PerTensorMSEObserver(_AccumulatedSearch):
     _SEARCH = "mse"
 
 
-adopt_public_names(globals())

@@ -254,9 +254,9 @@ def _frameworks() -> dict:
 
 @pytest.mark.parametrize("name", DECLARED_ONCE)
 def test_every_framework_has_the_generic_signature(name):
-    """One declaration per public class: each framework's class subclasses the generic one and has its
-    signature, parameter for parameter (names, kinds, defaults), and the same docstring where it has one;
-    the constructor is the generic class's own (no copy), so a bad keyword names the class itself."""
+    """One declaration per public class: each framework's class (a plain class statement in its facade)
+    subclasses the generic one and has its signature, parameter for parameter (names, kinds, defaults); the
+    constructor is the generic class's own (no copy), so a bad keyword names the class itself."""
     import inspect
 
     generic = GENERIC[name]

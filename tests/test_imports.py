@@ -96,3 +96,20 @@ def test_public_classes_name_their_facade(facade):
     assert len(ours) > 5, ours
     wrong = [f"{c.__qualname__}: {c.__module__}" for c in ours if c.__module__ != module.__name__]
     assert not wrong, wrong
+
+
+def test_the_report_imports_no_private_adapter_module():
+    """The report calls the public API (the core and ``observers_core.families``), never an adapter's
+    private module (it built ``_array_calibration`` observers before)."""
+    offenders = []
+    for path in sorted((ROOT / "observers_core" / "report").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            offenders += [f"{path.name}:{node.lineno}: {n}" for n in names
+                          if n.startswith("observers_core.adapters") and any(p.startswith("_") for p in n.split(".")[2:])]
+    assert not offenders, offenders

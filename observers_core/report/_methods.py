@@ -25,9 +25,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import array_api_compat
 import numpy as np
 
 import observers_core as oc
+from observers_core.families import calibration
 
 UNIFORM_METHODS = ("minmax", "moving_average", "histogram", "kl", "mse", "percentile", "mix")
 METHODS = UNIFORM_METHODS
@@ -110,13 +112,19 @@ def quant_spec_of(fmt: str, granularity: str) -> oc.QuantSpec:
     return oc.quant_spec(dtype, f"{scope}_{kind}")
 
 
-def calibration_observer(method: str, fmt: str, granularity: str, xp: Any) -> Any:
-    """The array calibration observer (Horizon ``observer_v2``, its defaults) for a uniform case."""
-    from observers_core.adapters import _array_calibration as cal
+#: Horizon ``observer_v2``'s defaults: the moving average's constant; KL's bins (512), the others' (2048)
+CALIBRATION_AVERAGING, CALIBRATION_BINS = 0.01, {"kl": 512, "mse": 2048, "percentile": 2048, "mix": 2048}
 
-    cls = {"kl": cal.KLObserver, "mse": cal.MSEObserver, "percentile": cal.PercentileObserver, "mix": cal.MixObserver}[method]
+
+def calibration_config(method: str, fmt: str, granularity: str) -> Any:
+    """The calibration family's configuration (Horizon ``observer_v2``'s defaults) of a uniform case."""
     spec = quant_spec_of(fmt, granularity)
-    return cls(ch_axis=-1 if granularity == "per_tensor" else 0, dtype=spec.dtype, qscheme=spec.qscheme, xp=xp)
+    config, _ = calibration.make_config(
+        "observers-core report", method, dtype=spec.dtype, qscheme=spec.qscheme, quant_min=None, quant_max=None,
+        ch_axis=-1 if granularity == "per_tensor" else 0, averaging_constant=CALIBRATION_AVERAGING,
+        bins=CALIBRATION_BINS[method],
+    )
+    return config
 
 
 def _uniform(case: Case, batches: list[Any], xp: Any) -> tuple[Any, Any, Any, Any, str]:
@@ -147,18 +155,21 @@ def _uniform(case: Case, batches: list[Any], xp: Any) -> tuple[Any, Any, Any, An
         zpf = xp.astype(q.zero_point, q.scale.dtype)
         lo, hi = (spec.quant_min - zpf) * q.scale, (spec.quant_max - zpf) * q.scale
         return lo, hi, q.scale, q.zero_point, note  # range: the quantizer's [qmin, qmax] after the L2 search
-    obs = calibration_observer(case.method, case.format, case.granularity, xp)
+    config = calibration_config(case.method, case.format, case.granularity)  # the family's steps, as every
+    state = calibration.init(config, num_channels=channels, device=array_api_compat.device(batches[0]), xp=xp)
+    last_choice = None  # adapter's observers take them
     for b in batches:
-        obs(b)
-    if obs.min_val is None or obs.max_val is None:
-        raise ValueError("no finite value: the observer saw nothing")
-    q = obs.calculate_qparams()
-    if case.method == "mix" and obs.last_choice is not None:
-        from observers_core.families.calibration import MIX_CANDIDATES
-
-        picks = host_numpy(obs.last_choice).reshape(-1)
-        note = "mix: " + ",".join(sorted({MIX_CANDIDATES[int(i)] for i in picks}))
-    return obs.min_val, obs.max_val, q.scale, q.zero_point, note
+        if case.method == "mix":  # (batch_update: the state and the Mix pick)
+            state, last_choice = calibration.batch_update(state, b, axis=axis, config=config,
+                                                                xp=array_api_compat.array_namespace(b))
+        else:
+            state = calibration.update(config, state, b, axis=axis)
+    q = calibration.qparams(config, state)
+    if last_choice is not None:
+        picks = host_numpy(last_choice).reshape(-1)
+        note = "mix: " + ",".join(sorted({calibration.MIX_CANDIDATES[int(i)] for i in picks}))
+    rng = state.range if isinstance(state, calibration.KLState) else state
+    return rng.min_val, rng.max_val, q.scale, q.zero_point, note
 
 
 def calibrate(case: Case, batches: list[Any], x: Any, xp: Any, group_size: int) -> Calibrated:
