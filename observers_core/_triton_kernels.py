@@ -556,10 +556,11 @@ def _abs_histogram_kernel(x_ptr, N, part_ptr, counts_ptr, bins, binsf, R, ITERS,
     if p == 0:
         tl.store(lo_out + row, low)
         tl.store(hi_out + row, high)
-        tl.store(grid_out + 4 * row, lo)
-        tl.store(grid_out + 4 * row + 1, width)
-        tl.store(grid_out + 4 * row + 2, a_low)
-        tl.store(grid_out + 4 * row + 3, a_high)
+        channels = tl.num_programs(0)
+        tl.store(grid_out + row, lo)
+        tl.store(grid_out + channels + row, width)
+        tl.store(grid_out + 2 * channels + row, a_low)
+        tl.store(grid_out + 3 * channels + row, a_high)
 
 
 def range_abs_histogram(x: torch.Tensor, axis: int | None, bins: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
@@ -578,12 +579,12 @@ def range_abs_histogram(x: torch.Tensor, axis: int | None, bins: int) -> tuple[t
     counts = torch.empty((channels, bins), dtype=torch.int64, device=device)
     lo = torch.empty(channels, dtype=torch.float32, device=device)
     hi = torch.empty(channels, dtype=torch.float32, device=device)
-    grid = torch.empty((channels, 4), dtype=torch.float32, device=device)
+    grid = torch.empty((4, channels), dtype=torch.float32, device=device)  # lo, width, min_val, max_val
     launch(_rows_range_kernel, (channels, per_row), rows, n, parts, counts, bins, per_row, iters, hiters, BLOCK=block)
     launch(_abs_histogram_kernel, (channels, per_row), rows, n, parts, counts, bins, float(bins), per_row, iters, lo,
            hi, grid, PBLOCK=triton.next_power_of_2(per_row), BLOCK=block)
     lead = () if axis is None else (channels,)
-    hist = (counts.reshape(lead + (bins,)),) + tuple(grid[:, k].reshape(lead) for k in range(4))
+    hist = (counts.reshape(lead + (bins,)),) + tuple(grid[k].reshape(lead) for k in range(4))
     return lo.reshape(lead), hi.reshape(lead), hist
 
 
