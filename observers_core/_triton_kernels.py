@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton.language import core as _tl_core  # noqa: F401  (patched for the interpreter: _interpreting)
 
 from . import _namespace
 
@@ -41,15 +42,18 @@ _MAX_PROGRAMS = 1024  # partial results per reduction (reduced again by every pr
 # launching
 
 
-_interpreted: dict = {}
+_interpreted: dict = {}  # kernel function -> its InterpretedFunction
+_rewritten: dict = {}  # device function -> its interpretable rewrite
 
 
 @contextlib.contextmanager
 def _interpreting():
     """While a kernel runs in Triton's interpreter: ``@triton.jit`` functions it calls (ours and
     ``triton.language``'s own, compiled objects unless triton was imported under ``TRITON_INTERPRET=1``)
-    run interpreted too."""
-    from triton.runtime.interpreter import InterpretedFunction
+    run interpreted too. ``triton.language`` (``tl`` and ``tl.core``) is patched for the interpreter once
+    here and restored on exit (``InterpretedFunction`` would patch it again at every device-function call,
+    most of the run time, and leave ``tl.core`` patched, which would break later compiled launches)."""
+    from triton.runtime.interpreter import InterpretedFunction, _patch_lang
     from triton.runtime.jit import JITFunction
 
     if isinstance(_histogram_range_kernel, InterpretedFunction):  # imported under TRITON_INTERPRET=1
@@ -57,17 +61,23 @@ def _interpreting():
         return
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        fn = _interpreted.get(self.fn)
+        fn = _rewritten.get(self.fn)
         if fn is None:
-            fn = _interpreted[self.fn] = InterpretedFunction(self.fn)
+            fn = _rewritten[self.fn] = InterpretedFunction(self.fn).rewrite()
         return fn(*args, **kwargs)
 
     original = JITFunction.__call__
+    scope = _patch_lang(_interpreting_probe)  # this module's globals hold tl and tl.core
     JITFunction.__call__ = call
     try:
         yield
     finally:
         JITFunction.__call__ = original
+        scope.restore()
+
+
+def _interpreting_probe() -> None:
+    """(Its globals, this module's, name ``tl`` and ``_tl_core`` for ``_patch_lang``.)"""
 
 
 def launch(kernel: Any, grid: tuple, *args: Any, **meta: Any) -> None:
