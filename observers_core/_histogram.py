@@ -510,7 +510,8 @@ def histogram_update_counting(
     check_same_device(x, state.histogram, xp)
     if check_collective(collective) is None and size(x) == 0:
         return state, xp.zeros(2, dtype=index_dtype(xp), device=_device(state.histogram))
-    if collective is None and triton_route(state.histogram, x, xp=xp):  # torch CUDA: three fused kernels
+    if collective is None and bins * up <= MAX_BINS and triton_route(state.histogram, x, xp=xp):  # torch CUDA:
+        # three fused kernels (sub-bin indices exact in float32 and int32)
         from . import _triton_kernels
 
         new, nonfinite = _triton_kernels.histogram_update(*state, x, up=up, ignore_nonfinite=ignore_nonfinite)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
+from triton.language import core as _tl_core  # noqa: F401  (patched for the interpreter: _interpreting)
 
 from . import _namespace
 
@@ -41,15 +42,18 @@ _MAX_PROGRAMS = 1024  # partial results per reduction (reduced again by every pr
 # launching
 
 
-_interpreted: dict = {}
+_interpreted: dict = {}  # kernel function -> its InterpretedFunction
+_rewritten: dict = {}  # device function -> its interpretable rewrite
 
 
 @contextlib.contextmanager
 def _interpreting():
     """While a kernel runs in Triton's interpreter: ``@triton.jit`` functions it calls (ours and
     ``triton.language``'s own, compiled objects unless triton was imported under ``TRITON_INTERPRET=1``)
-    run interpreted too."""
-    from triton.runtime.interpreter import InterpretedFunction
+    run interpreted too. ``triton.language`` (``tl`` and ``tl.core``) is patched for the interpreter once
+    here and restored on exit (``InterpretedFunction`` would patch it again at every device-function call,
+    most of the run time, and leave ``tl.core`` patched, which would break later compiled launches)."""
+    from triton.runtime.interpreter import InterpretedFunction, _patch_lang
     from triton.runtime.jit import JITFunction
 
     if isinstance(_histogram_range_kernel, InterpretedFunction):  # imported under TRITON_INTERPRET=1
@@ -57,17 +61,23 @@ def _interpreting():
         return
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-        fn = _interpreted.get(self.fn)
+        fn = _rewritten.get(self.fn)
         if fn is None:
-            fn = _interpreted[self.fn] = InterpretedFunction(self.fn)
+            fn = _rewritten[self.fn] = InterpretedFunction(self.fn).rewrite()
         return fn(*args, **kwargs)
 
     original = JITFunction.__call__
+    scope = _patch_lang(_interpreting_probe)  # this module's globals hold tl and tl.core
     JITFunction.__call__ = call
     try:
         yield
     finally:
         JITFunction.__call__ = original
+        scope.restore()
+
+
+def _interpreting_probe() -> None:
+    """(Its globals, this module's, name ``tl`` and ``_tl_core`` for ``_patch_lang``.)"""
 
 
 def launch(kernel: Any, grid: tuple, *args: Any, **meta: Any) -> None:
@@ -556,10 +566,11 @@ def _abs_histogram_kernel(x_ptr, N, part_ptr, counts_ptr, bins, binsf, R, ITERS,
     if p == 0:
         tl.store(lo_out + row, low)
         tl.store(hi_out + row, high)
-        tl.store(grid_out + 4 * row, lo)
-        tl.store(grid_out + 4 * row + 1, width)
-        tl.store(grid_out + 4 * row + 2, a_low)
-        tl.store(grid_out + 4 * row + 3, a_high)
+        channels = tl.num_programs(0)
+        tl.store(grid_out + row, lo)
+        tl.store(grid_out + channels + row, width)
+        tl.store(grid_out + 2 * channels + row, a_low)
+        tl.store(grid_out + 3 * channels + row, a_high)
 
 
 def range_abs_histogram(x: torch.Tensor, axis: int | None, bins: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
@@ -578,12 +589,12 @@ def range_abs_histogram(x: torch.Tensor, axis: int | None, bins: int) -> tuple[t
     counts = torch.empty((channels, bins), dtype=torch.int64, device=device)
     lo = torch.empty(channels, dtype=torch.float32, device=device)
     hi = torch.empty(channels, dtype=torch.float32, device=device)
-    grid = torch.empty((channels, 4), dtype=torch.float32, device=device)
+    grid = torch.empty((4, channels), dtype=torch.float32, device=device)  # lo, width, min_val, max_val
     launch(_rows_range_kernel, (channels, per_row), rows, n, parts, counts, bins, per_row, iters, hiters, BLOCK=block)
     launch(_abs_histogram_kernel, (channels, per_row), rows, n, parts, counts, bins, float(bins), per_row, iters, lo,
            hi, grid, PBLOCK=triton.next_power_of_2(per_row), BLOCK=block)
     lead = () if axis is None else (channels,)
-    hist = (counts.reshape(lead + (bins,)),) + tuple(grid[:, k].reshape(lead) for k in range(4))
+    hist = (counts.reshape(lead + (bins,)),) + tuple(grid[k].reshape(lead) for k in range(4))
     return lo.reshape(lead), hi.reshape(lead), hist
 
 

@@ -94,3 +94,23 @@ def test_device_path_equals_host_path_on_adversarial_batches(config, data):
                                min_size=3, max_size=5), label="batches")
     batches = [torch.from_numpy(make_batch(kind, seed, (4, 32), dtype, ch_axis=1)) for kind, seed, dtype in steps]
     assert_paths_agree(config, batches, config[1], str(steps))
+
+
+def test_cuda_path_on_cpu_switches_the_one_predicate_and_restores_it():
+    import array_api_compat.numpy as nxp
+    import array_api_compat.torch as txp
+
+    from observers_core._namespace import on_host, torch_cuda_path
+
+    x = torch.ones(3)
+    assert on_host(x, txp) and not torch_cuda_path(x)
+    with cuda_path_on_cpu():
+        assert torch_cuda_path(x) and not on_host(x, txp)
+        assert on_host(np.ones(3), nxp)  # NumPy arrays stay on the host path
+        with cuda_path_on_cpu():
+            assert torch_cuda_path(x)
+        assert torch_cuda_path(x)  # the inner block restored the outer state
+    assert on_host(x, txp) and not torch_cuda_path(x)
+    with pytest.raises(RuntimeError), cuda_path_on_cpu():
+        raise RuntimeError("restored on errors too")
+    assert not torch_cuda_path(x)

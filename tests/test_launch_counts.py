@@ -3,9 +3,10 @@ the counting of benchmarks/device_path_ops.py (:func:`observers_core.testing.cou
 :func:`observers_core.testing.cuda_path_on_cpu`: aten operations that launch a kernel plus Triton
 launches; views and allocations are not launches; host synchronisations counted apart).
 
-Held here: HistogramObserver.forward <= 8 and no sync; every torch.ao MinMax-family class no more than
-torch.ao's own forward. Not yet held (the array code still runs there, docs/gpu-kernels.md lists the
-counts): the calibration observers' forwards and HistogramObserver.calculate_qparams.
+Held here: HistogramObserver.forward <= 8 and no sync; PercentileObserver.forward (per tensor and per
+channel) <= 12; every torch.ao MinMax-family class no more than torch.ao's own forward. Not yet held (part
+of the step still runs the array code; docs/gpu-kernels.md lists the counts): the KL, MSE and Mix
+forwards and HistogramObserver.calculate_qparams.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ pytest.importorskip("triton")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 from device_path_ops import anchor_count, batches_of, count  # noqa: E402
+from _torch_observer_configs import PER_CHANNEL  # noqa: E402
 
 from observers_core.testing import count_launches, cuda_path_on_cpu  # noqa: E402
 
@@ -45,6 +47,13 @@ def test_histogram_forward_default_reads_two_counts_once():
     counted = count(("HistogramObserver", {}), BATCHES)
     assert counted.launches <= 8, counted
     assert counted.syncs <= 1, counted
+
+
+@pytest.mark.parametrize("kwargs", [{}, PER_CHANNEL], ids=["per_tensor", "per_channel"])
+def test_percentile_forward_launches_at_most_12(kwargs):
+    counted = count(("PercentileObserver", kwargs), BATCHES)
+    assert counted.launches <= 12, counted
+    assert counted.syncs == 0, counted
 
 
 @pytest.mark.parametrize("name", MINMAX)
