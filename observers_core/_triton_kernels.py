@@ -53,7 +53,8 @@ def _interpreting():
     run interpreted too. ``triton.language`` (``tl`` and ``tl.core``) is patched for the interpreter once
     here and restored on exit (``InterpretedFunction`` would patch it again at every device-function call,
     most of the run time, and leave ``tl.core`` patched, which would break later compiled launches)."""
-    from triton.runtime.interpreter import InterpretedFunction, _patch_lang
+    from triton.runtime import interpreter  # (its _patch_lang: triton's own helper, private; pinned triton 3.9)
+    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     if isinstance(_histogram_range_kernel, InterpretedFunction):  # imported under TRITON_INTERPRET=1
@@ -67,7 +68,7 @@ def _interpreting():
         return fn(*args, **kwargs)
 
     original = JITFunction.__call__
-    scope = _patch_lang(_interpreting_probe)  # this module's globals hold tl and tl.core
+    scope = interpreter._patch_lang(_interpreting_probe)  # this module's globals hold tl and tl.core
     JITFunction.__call__ = call
     try:
         yield

@@ -31,8 +31,9 @@ MINMAX = ["MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelMinMaxObse
 
 
 @pytest.fixture(autouse=True)
-def _triton_on(monkeypatch):
-    monkeypatch.delenv("OBSERVERS_CORE_NO_TRITON", raising=False)
+def _triton_on():
+    if os.environ.get("OBSERVERS_CORE_NO_TRITON", "") not in ("", "0"):
+        pytest.skip("OBSERVERS_CORE_NO_TRITON is set: the array code runs, whose counts are not held")
 
 
 def test_histogram_forward_launches_at_most_8_and_never_syncs():
