@@ -66,6 +66,45 @@ def test_torchao_nvfp4_quantize(name, two_level):
     assert np.array_equal(codes[:, 0::2] | (codes[:, 1::2] << 4), packed.numpy())
 
 
+def _nonfinite() -> torch.Tensor:
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(3))
+    x[0, 3], x[1, 20], x[3, 5] = float("nan"), float("inf"), -float("inf")
+    x[2, :16] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("two_level", [True, False])
+def test_torchao_nonfinite(two_level):
+    """NaN/Inf weights: torchao's block scales (NaN for a NaN block, 448 for an Inf block) are ours; its E2M1
+    cast has no NaN handling (bit arithmetic on the NaN's bits), ours keeps NaN: compared on finite values."""
+    from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, unpack_uint4
+    from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize
+
+    x = _nonfinite()
+    p = torch.tensor(3.0 / 2688) if two_level else None
+    theirs_scale, packed = nvfp4_quantize(x, 16, p)
+    theirs_values = f4_unpacked_to_f32(unpack_uint4(packed)).reshape(x.shape)
+    s8, values = nvfp4.torchao_quantize(x, p, xp=tnp)
+    assert np.array_equal(_bits(s8), _bits(theirs_scale.float()))
+    finite = ~torch.isnan(values)
+    assert bool(torch.isnan(values[0, :16]).all()) and bool(finite[1:].all())
+    assert torch.equal(values[finite], theirs_values[finite])
+
+
+@pytest.mark.parametrize("given_p", [True, False])
+def test_modelopt_nonfinite(given_p):
+    """NaN/Inf weights: ModelOpt's scales (NaN everywhere when amax is NaN) and codes (NaN -> +6) are ours."""
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    x = _nonfinite()
+    p = torch.tensor(3.0 / 2688) if given_p else None
+    qt, scale, _ = NVFP4QTensor.quantize(x.clone(), 16, weights_scaling_factor_2=p)
+    s8, values, _ = nvfp4.modelopt_quantize(x, p, xp=tnp)
+    assert np.array_equal(_bits(s8), _bits(scale.float()))
+    codes = nvfp4.e2m1_codes(values, xp=tnp)
+    assert torch.equal(codes[:, 0::2] | (codes[:, 1::2] << 4), qt._quantized_data)
+
+
 # --------------------------------------------------------------------------------------------- ModelOpt
 
 

@@ -124,7 +124,7 @@ def modelopt_quantize(x: Array, per_tensor: Array | None = None, /, *, block_siz
     """ModelOpt 0.47 ``NVFP4QTensor.quantize`` (dynamic path): ``(E4M3 block scales, E2M1 values, P)``.
 
     ``P = amax(x) / 2688`` unless given; ``s8 = e4m3(clamp(bamax / (6 * P), 2**-9, 448))`` with a zero
-    ratio replaced by 1 first; values ``e2m1(x / (s8 * P))`` (ties to even; beyond 6 saturates)."""
+    ratio replaced by 1 first; values ``e2m1(x / (s8 * P))`` (ties to even; beyond 6 saturates; NaN is +6)."""
     xp = array_namespace(x, xp=xp)
     blocks = to_blocks(x, block_size, xp=xp)
     p = per_tensor_scale(xp.max(xp.abs(blocks)), xp=xp) if per_tensor is None else xp.astype(per_tensor, xp.float32)
@@ -132,7 +132,9 @@ def modelopt_quantize(x: Array, per_tensor: Array | None = None, /, *, block_siz
     ratio = xp.where(ratio == 0, xp.ones_like(ratio), ratio)
     s8 = _e4m3(xp.clip(ratio, _MODELOPT_SCALE_MIN, E4M3_MAX), xp)
     scaled = blocks / (s8 * p)[..., None]
-    return s8, xp.reshape(round_to_element(scaled, _E2M1, xp), x.shape), p
+    values = round_to_element(scaled, _E2M1, xp)
+    values = xp.where(xp.isnan(scaled), xp.full_like(scaled, E2M1_MAX), values)  # searchsorted puts NaN last
+    return s8, xp.reshape(values, x.shape), p
 
 
 def modelopt_block_scales(amax: Array, global_amax: Array, /, *, xp: Any = None) -> Array:
