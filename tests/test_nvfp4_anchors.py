@@ -339,13 +339,16 @@ def _modelopt_static_quant(global_amax):
 
 
 @pytest.mark.parametrize("name", [n if n in ("random", "outlier", "zero_block") else
-                                  pytest.param(n, marks=pytest.mark.slow) for n in sorted(INPUTS)])
+                                  pytest.param(n, marks=pytest.mark.slow) for n in sorted(INPUTS)] + ["nonfinite"])
 def test_nvfp4_sweep_matches_modelopt(name):
+    """Also NaN/Inf weights (a finite global amax): a block with a NaN or Inf value has NaN/Inf losses for
+    every candidate, and both pick the first (``torch.argmin``)."""
     from modelopt.torch.quantization.calib import MseCalibrator, NVFP4MSECalibrator
 
-    x = INPUTS[name].reshape(-1, 16)[:64]
+    full = _nonfinite() if name == "nonfinite" else INPUTS[name]
+    x = full.reshape(-1, 16)[:64]
     amax = x.abs().amax(-1)
-    gamax = INPUTS[name].abs().max()
+    gamax = full[torch.isfinite(full)].abs().max()
     cal = NVFP4MSECalibrator(amax=amax, global_amax=gamax, axis=0, quant_func=_modelopt_static_quant(gamax))
     MseCalibrator.collect(cal, x)
     theirs_losses = torch.stack(cal._losses_sum)
