@@ -395,3 +395,18 @@ def test_nonfinite_and_zero_blocks_follow_modelopt():
     best, losses = nvfp4.nvfp4_scale_sweep(torch.zeros(2, 16), torch.tensor(1.0), xp=tnp)
     assert torch.equal(losses, torch.zeros(126, 2))
     assert torch.equal(best, torch.full((2,), float(nvfp4.e4m3_scale_candidates(xp=tnp)[0])))
+
+
+def test_array_api_strict_gives_the_numpy_bits():
+    xs = pytest.importorskip("array_api_strict")
+    w = INPUTS["outlier"].numpy()
+    a = xs.asarray(w)
+    for ours, want in (
+        (nvfp4.torchao_quantize(a, nvfp4.per_tensor_scale(xs.max(xs.abs(a)), xp=xs), xp=xs),
+         nvfp4.torchao_quantize(w, nvfp4.per_tensor_scale(np.abs(w).max()))),
+        (nvfp4.modelopt_quantize(a, xp=xs)[:2], nvfp4.modelopt_quantize(w)[:2]),
+        (nvfp4.nvfp4_scale_sweep(xs.reshape(a, (-1, 16))[:32, :], xs.max(xs.abs(a)), chunk_elements=5000, xp=xs),
+         nvfp4.nvfp4_scale_sweep(w.reshape(-1, 16)[:32], np.abs(w).max())),
+    ):
+        for o, t in zip(ours, want):
+            assert np.array_equal(np.asarray(o).view(np.int32), np.asarray(t).view(np.int32))

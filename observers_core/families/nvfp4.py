@@ -199,7 +199,7 @@ def nvfp4_scale_sweep(blocks: Array, global_amax: Array, /, *, chunk_elements: i
     step = max(1, chunk_elements // max(1, t * bs))
     parts = []
     for b0 in range(0, n, step):
-        xb = x[b0:b0 + step, :]
+        xb = x[b0:min(n, b0 + step), :]
         q = modelopt_fake_quantize(xb[None, ...], xp.reshape(scales, (t, 1)), xp=xp)
         d = xb[None, ...] - q
         parts.append(xp.sum(d * d, axis=-1))
