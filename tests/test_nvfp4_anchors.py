@@ -311,6 +311,10 @@ def test_mse_bad_input():
         nvfp4.MseConfig(step_size=0.0)
     with pytest.raises(ValueError, match="stop_multiplier"):
         nvfp4.MseConfig(start_multiplier=2.0, stop_multiplier=1.0)
+    with pytest.raises(TypeError, match="axis"):
+        nvfp4.MseConfig(axis=[0])
+    with pytest.raises(TypeError, match="step_size"):
+        nvfp4.MseConfig(step_size="0.1")
 
 
 def test_mse_nan_loss_is_chosen_first_like_torch_argmin():

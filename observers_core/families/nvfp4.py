@@ -234,13 +234,18 @@ class MseConfig:
     axis: int | tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        step = check_float(self.step_size, "step_size")
+        step = float(check_float(self.step_size, "step_size"))  # type: ignore[arg-type]
         if not step > 0:
             raise ValueError(f"step_size={self.step_size!r} must be > 0")
-        start = check_float(self.start_multiplier, "start_multiplier")
-        stop = check_float(self.stop_multiplier, "stop_multiplier")
+        start = float(check_float(self.start_multiplier, "start_multiplier"))  # type: ignore[arg-type]
+        stop = float(check_float(self.stop_multiplier, "stop_multiplier"))  # type: ignore[arg-type]
         if not stop >= start:
             raise ValueError(f"stop_multiplier={self.stop_multiplier!r} must be >= start_multiplier={start!r}")
+        for name, value in (("step_size", step), ("start_multiplier", start), ("stop_multiplier", stop)):
+            object.__setattr__(self, name, value)
+        axes = self.axis if isinstance(self.axis, tuple) else (self.axis,)
+        if self.axis is not None and not all(isinstance(a, int) and not isinstance(a, bool) for a in axes):
+            raise TypeError(f"axis={self.axis!r} must be None, an int or a tuple of ints")
 
     @property
     def num_steps(self) -> int:
