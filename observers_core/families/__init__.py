@@ -18,6 +18,8 @@ search), :mod:`~observers_core.families.lowbit` (per-group int, fp8, MX, BFP16) 
 :mod:`~observers_core.families.calibration` (KL, MSE, percentile, Mix: configuration, per-batch update,
 the KL accumulator and its merge; not yet in the init/update/merge/qparams shape) and
 :mod:`~observers_core.families.llm` (llm-compressor's min/max, MSE grid search and imatrix observers over
-compressed-tensors' formats: NVFP4, MX, fp8 blocks, int groups; docs/llm.md). Updates take
+compressed-tensors' formats: NVFP4, MX, fp8 blocks, int groups; docs/llm.md) and
+:mod:`~observers_core.families.nvfp4` (NVFP4 as torchao and ModelOpt compute it, ModelOpt's MSE calibrator
+and 126-candidate E4M3 sweep; plain functions and an ``MseState``). Updates take
 ``collective=`` (:class:`observers_core.Collective`) to combine every member's batch of one step.
 """
