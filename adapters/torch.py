@@ -41,6 +41,7 @@ from ._torch_calibration import *  # noqa: F401,F403
 from ._torch_lowbit import *  # noqa: F401,F403
 from ._torch_distributed import *  # noqa: F401,F403
 from ._torch_cuda_graph import *  # noqa: F401,F403
+from ._torch_llm import LLMObserver, llm_fused_global_scale  # noqa: F401  (the LLM family: docs/llm.md)
 
 __all__ = (
     _torch_minmax.__all__ + _torch_histogram.__all__ + _torch_calibration.__all__ + _torch_lowbit.__all__
