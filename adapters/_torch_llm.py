@@ -39,7 +39,6 @@ __all__ = ["LLMObserver", "llm_fused_global_scale"]
 
 _RANGE = ("min_vals", "max_vals", "count")
 _IMPORTANCE = ("importance_sum", "importance_count")
-_IMPORTANCE_STRATEGIES = ("channel", "group", "tensor_group")
 
 
 def _xp() -> Any:
@@ -114,29 +113,19 @@ class LLMObserver(torch.nn.Module):
             raise ValueError(f"attach needs search='imatrix' (config.search={self.config.search!r})")
         return module.register_forward_pre_hook(_hook)
 
-    def _importance_weights(self, observed: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
-        """Normalised ``E[x^2]`` laid out like ``observed``, or None (uniform search, with a warning, where
-        llm-compressor falls back: no data, non-weight role, other strategies, non-finite, negative or
-        all-zero importance, a channel count other than the weight's columns)."""
+    def _importance_weights(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``llm.importance_weights`` for the weight ``x``, or None (the uniform search, with a warning,
+        where llm-compressor falls back: no data, a non-weight role, other strategies...)."""
         if self.config.search != "imatrix":
             return None
-        s, c = self._buffers["importance_sum"], self._buffers["importance_count"]
-        reason = None
-        if self.role != "weight" or self.config.strategy not in _IMPORTANCE_STRATEGIES:
-            reason = f"role {self.role!r} / strategy {self.config.strategy!r} not supported"
-        elif c.item() == 0:
-            reason = "no importance data"
+        if self.role != "weight":
+            weights, reason = None, f"role {self.role!r} is not importance-weighted"
         else:
-            imp = llm.importance(llm.Importance(s, c), xp=_xp())
-            if not bool(torch.isfinite(imp).all()) or bool((imp < 0).any()) or bool((imp == 0).all()):
-                reason = "non-finite, negative or all-zero importance"
-            elif imp.numel() != x.shape[-1]:
-                reason = f"importance has {imp.numel()} channels, the weight {x.shape[-1]} columns"
-        if reason is not None:
+            state = llm.Importance(self.importance_sum.to(x.device), self.importance_count.to(x.device))
+            weights, reason = llm.importance_weights(state, self.config, tuple(x.shape), xp=_xp())
+        if weights is None:
             warnings.warn(f"imatrix: {reason}; falling back to the uniform MSE search", UserWarning, stacklevel=3)
-            return None
-        imp = llm.normalized_importance(imp.to(observed.device), xp=_xp())
-        return llm.flatten(imp.unsqueeze(0).expand(x.shape[0], -1), self.config, role="weight", xp=_xp())
+        return weights
 
     # ----------------------------------------------------------------------------------- statistics
     def _state(self, observed: torch.Tensor) -> llm.State:
@@ -157,7 +146,7 @@ class LLMObserver(torch.nn.Module):
         if observed.numel() == 0:
             return x
         state = self._state(observed)
-        weights = self._importance_weights(observed, xt)
+        weights = self._importance_weights(xt)
         state = llm.update(self.config, state, observed, weights=weights, xp=_xp())
         self._buffers["min_vals"], self._buffers["max_vals"], self._buffers["count"] = state
         return x

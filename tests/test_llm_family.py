@@ -238,3 +238,17 @@ def test_memoryless_merge_keeps_the_later_batch():
     b = llm.update(cfg, llm.init(cfg, qparam_shape=(1,)), x * 2)
     assert llm.merge(cfg, a, b).max_vals[0] == 14.0
     assert llm.merge(cfg, b, llm.init(cfg, qparam_shape=(1,))).max_vals[0] == 14.0
+
+
+def test_importance_weights_layout_and_fallbacks():
+    """``importance_weights``: normalised E[x^2] per input channel laid out like the flattened weight, or
+    ``(None, reason)`` where llm-compressor falls back to the uniform search."""
+    cfg = llm.Config(num_bits=4, strategy="group", group_size=128, search="imatrix")
+    x = np.random.default_rng(3).standard_normal((10, 256)).astype(np.float32)
+    state = llm.importance_update(llm.importance_init(256), x)
+    w, reason = llm.importance_weights(state, cfg, (4, 256))
+    want = llm.normalized_importance(llm.importance(state))
+    assert reason == "" and w.shape == (1, 4, 2, 128) and np.array_equal(w[0, 3].reshape(-1), want)
+    assert llm.importance_weights(llm.importance_init(256), cfg, (4, 256))[1] == "no importance data"
+    assert "columns" in llm.importance_weights(state, cfg, (4, 128))[1]
+    assert llm.importance_weights(state, replace(cfg, strategy="tensor", group_size=None), (4, 256))[0] is None

@@ -43,7 +43,7 @@ __all__ = [
     "flatten", "init", "observe", "update", "merge", "qparams", "calculate_qparams", "global_scale",
     "fused_global_scale", "fake_quantize", "grid_search", "error_table", "select_candidates",
     "importance_init", "importance_update", "importance_merge", "importance", "normalized_importance",
-    "quant_range",
+    "importance_weights", "IMPORTANCE_STRATEGIES", "quant_range",
 ]
 
 Array = Any
@@ -657,3 +657,28 @@ def normalized_importance(imp: Array, /, *, xp: Any = None) -> Array:
     xp = array_namespace(imp, xp=xp)
     imp = xp.astype(imp, xp.float32)
     return imp / (xp.mean(imp) + _FLOAT32_TINY)
+
+
+#: strategies whose search llm-compressor weights by importance (per input channel of a weight)
+IMPORTANCE_STRATEGIES = ("channel", "group", "tensor_group")
+
+
+def importance_weights(state: Importance, config: Config, shape: tuple[int, int], /, *,
+                       xp: Any = None) -> tuple[Array | None, str]:
+    """The error weights of a weight of ``shape`` ``(rows, cols)``: normalised ``E[x^2]`` per input channel
+    laid out as :func:`flatten` lays out the weight, and ``""``; or ``(None, reason)`` where llm-compressor
+    falls back to the uniform search (a strategy other than channel/group/tensor_group, no tokens, a
+    non-finite, negative or all-zero importance, a channel count other than ``cols``)."""
+    xp = array_namespace(state.sum, xp=xp)
+    rows, cols = shape
+    if config.strategy not in IMPORTANCE_STRATEGIES:
+        return None, f"strategy {config.strategy!r} is not importance-weighted"
+    if int(state.count) == 0:
+        return None, "no importance data"
+    imp = importance(state, xp=xp)
+    if not bool(xp.all(xp.isfinite(imp))) or bool(xp.any(imp < 0)) or bool(xp.all(imp == 0)):
+        return None, "non-finite, negative or all-zero importance"
+    if imp.shape[0] != cols:
+        return None, f"importance has {imp.shape[0]} channels, the weight {cols} columns"
+    imp = normalized_importance(imp, xp=xp)
+    return flatten(xp.broadcast_to(imp[None, :], (rows, cols)), config, role="weight", xp=xp), ""
