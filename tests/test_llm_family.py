@@ -252,3 +252,39 @@ def test_importance_weights_layout_and_fallbacks():
     assert llm.importance_weights(llm.importance_init(256), cfg, (4, 256))[1] == "no importance data"
     assert "columns" in llm.importance_weights(state, cfg, (4, 128))[1]
     assert llm.importance_weights(state, replace(cfg, strategy="tensor", group_size=None), (4, 256))[0] is None
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_numpy_and_jax_give_the_same_bits(name):
+    """JAX (XLA rewrites a division by a broadcast value into a multiplication by its reciprocal, contracts
+    ``a * b + c`` and reads subnormals as 0: the family divides and adds so that none of it changes a bit):
+    ranges, scales, zero points, global scale and the fake-quantized weight equal NumPy's; a moving average of
+    two batches and importance-weighted errors too."""
+    jnp = pytest.importorskip("jax.numpy")
+    cfg, w = CONFIGS[name], weight()
+    moving = replace(cfg, mode="moving", averaging_constant=0.3)
+    x = np.random.default_rng(5).standard_normal((6, w.shape[1])).astype(np.float32) * np.linspace(
+        0.1, 3, w.shape[1], dtype=np.float32)
+    out = []
+    for arr, xp in ((w, None), (jnp.asarray(w), jnp)):
+        o = llm.flatten(arr, cfg, xp=xp)
+        imp = llm.importance_update(llm.importance_init(w.shape[1], xp=xp), x if xp is None else jnp.asarray(x), xp=xp)
+        weights = llm.importance_weights(imp, cfg, w.shape, xp=xp)[0] if cfg.search == "imatrix" else None
+        state = llm.update(cfg, llm.init(cfg, qparam_shape=tuple(o.shape[1:-1]), xp=xp), o, weights=weights, xp=xp)
+        q = llm.qparams(cfg, state, xp=xp)
+        shape = (1, *o.shape[1:-1], 1)
+        zp = None if cfg.symmetric else xp_reshape(q.zero_point.astype("float32"), shape)
+        fq = llm.fake_quantize(o, xp_reshape(q.scale, shape), zp, cfg, global_scale=q.global_scale, xp=xp)
+        m = llm.init(moving, qparam_shape=tuple(o.shape[1:-1]), xp=xp)
+        for k in (1.0, -2.5):
+            m = llm.update(moving, m, o * k, xp=xp)
+        out.append([q.scale, q.zero_point, state.min_vals, state.max_vals, fq, m.min_vals, m.max_vals, imp.sum]
+                   + ([q.global_scale] if q.global_scale is not None else []))
+    for i, (a, b) in enumerate(zip(*out)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape, i
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), (i, int((a != b).sum()))
+
+
+def xp_reshape(a, shape):
+    return a.reshape(shape)
