@@ -288,3 +288,15 @@ def test_numpy_and_jax_give_the_same_bits(name):
 
 def xp_reshape(a, shape):
     return a.reshape(shape)
+
+
+def test_global_scale_rounds_as_torch():
+    """``448 * 6 / amax`` as torch (and so compressed-tensors) computes a number over a tensor: the reciprocal,
+    then the product (a single division differs in about a quarter of the values); NumPy and JAX give those bits."""
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    amax = (np.random.default_rng(7).random(4096) * 10 + 1e-3).astype(np.float32)
+    want = (2688.0 / torch.from_numpy(amax)).numpy()
+    for a, xp in ((amax, None), (jnp.asarray(amax), jnp), (torch.from_numpy(amax), None)):
+        got = np.stack([np.asarray(llm.global_scale(-a[i:i + 1], a[i:i + 1], xp=xp))[0] for i in range(0, 4096, 64)])
+        assert np.array_equal(got, want[::64])

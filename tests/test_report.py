@@ -474,3 +474,18 @@ def test_llm_cli_names_and_skips(files, tmp_path, capsys):
     x = np.ones((4, 24), np.float32)  # 24 is not a multiple of nvfp4's blocks of 16: skipped, with a note
     rows = report_tensors({"x": x}, formats=["nvfp4"], methods=["minmax"])
     assert rows == []
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_llm_rows_are_the_same_on_other_backends(backend):
+    pytest.importorskip(backend)
+    x = _weights(5, (8, 64))
+    x[3] = 0.0  # an all-zero row: MX code 0 (a subnormal scale XLA reads as 0)
+    inputs = {"w": [np.random.default_rng(6).standard_normal((5, 64)).astype(np.float32)]}
+    kw = dict(formats=["int4", "uint8", "nvfp4", "mxfp4"], methods=["minmax", "mse_grid", "imatrix_mse"], inputs=inputs)
+    ref = report_tensors({"w": x}, **kw)
+    rows = report_tensors({"w": x}, backend=backend, **kw)
+    assert len(rows) == len(ref) > 20
+    for r, q in zip(rows, ref):
+        assert (r.scale, r.range_min, r.range_max, r.zero_point, r.mse, r.note) == (
+            q.scale, q.range_min, q.range_max, q.zero_point, q.mse, q.note), (r.format, r.granularity, r.method)

@@ -347,13 +347,14 @@ def calculate_qparams(min_vals: Array, max_vals: Array, config: Config, /, *, gl
 
 
 def global_scale(min_vals: Array, max_vals: Array, /, *, xp: Any = None) -> Array:
-    """compressed-tensors' ``generate_gparam``: ``448 * 6 / max(|min|, |max|, tiny)`` as float32 ``(1,)``;
+    """compressed-tensors' ``generate_gparam``: ``448 * 6 / max(|min|, |max|, tiny)`` as float32 ``(1,)``, computed as
+    torch computes a number over a tensor, ``(1 / amax) * 2688`` (two roundings);
     NaN and +/-Inf (an all-zero or NaN range) become 1."""
     xp = array_namespace(min_vals, max_vals, xp=xp)
     zeros = xp.zeros_like(min_vals)
     amax = _max2(xp.abs(_min2(min_vals, zeros, xp)), xp.abs(_max2(max_vals, zeros, xp)), xp)
     amax = clamp(amax, float(xp.finfo(amax.dtype).smallest_normal), None, xp)
-    g = (FP8_E4M3_MAX * FP4_E2M1_MAX) / amax
+    g = (1.0 / amax) * (FP8_E4M3_MAX * FP4_E2M1_MAX)  # torch's `2688 / tensor` is reciprocal(tensor) * 2688
     g = xp.where(xp.isnan(g) | xp.isinf(g), xp.ones_like(g), g)
     return xp.reshape(xp.astype(g, xp.float32), (1,))
 
