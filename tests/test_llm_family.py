@@ -142,7 +142,8 @@ def test_fused_global_scale_takes_the_largest_range():
     a = (np.array([-1.0, -2.0], np.float32), np.array([1.0, 3.0], np.float32))
     b = (np.array([-7.0], np.float32), np.array([0.5], np.float32))
     g = llm.fused_global_scale([a, b])
-    assert g.dtype == np.float32 and g.shape == (1,) and g[0] == np.float32(448 * 6 / np.float32(7.0))
+    # torch's 2688 / tensor([7.]): the reciprocal of 7 then the product, 384.00003 (not 384)
+    assert g.dtype == np.float32 and g.shape == (1,) and g[0] == (np.float32(1) / np.float32(7.0)) * np.float32(2688)
     zero = (np.zeros(3, np.float32), np.zeros(3, np.float32))
     assert llm.fused_global_scale([zero])[0] == 1.0  # 448*6/tiny overflows: 1, as compressed-tensors
 
@@ -238,3 +239,65 @@ def test_memoryless_merge_keeps_the_later_batch():
     b = llm.update(cfg, llm.init(cfg, qparam_shape=(1,)), x * 2)
     assert llm.merge(cfg, a, b).max_vals[0] == 14.0
     assert llm.merge(cfg, b, llm.init(cfg, qparam_shape=(1,))).max_vals[0] == 14.0
+
+
+def test_importance_weights_layout_and_fallbacks():
+    """``importance_weights``: normalised E[x^2] per input channel laid out like the flattened weight, or
+    ``(None, reason)`` where llm-compressor falls back to the uniform search."""
+    cfg = llm.Config(num_bits=4, strategy="group", group_size=128, search="imatrix")
+    x = np.random.default_rng(3).standard_normal((10, 256)).astype(np.float32)
+    state = llm.importance_update(llm.importance_init(256), x)
+    w, reason = llm.importance_weights(state, cfg, (4, 256))
+    want = llm.normalized_importance(llm.importance(state))
+    assert reason == "" and w.shape == (1, 4, 2, 128) and np.array_equal(w[0, 3].reshape(-1), want)
+    assert llm.importance_weights(llm.importance_init(256), cfg, (4, 256))[1] == "no importance data"
+    assert "columns" in llm.importance_weights(state, cfg, (4, 128))[1]
+    assert llm.importance_weights(state, replace(cfg, strategy="tensor", group_size=None), (4, 256))[0] is None
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_numpy_and_jax_give_the_same_bits(name):
+    """JAX (XLA rewrites a division by a broadcast value into a multiplication by its reciprocal, contracts
+    ``a * b + c`` and reads subnormals as 0: the family divides and adds so that none of it changes a bit):
+    ranges, scales, zero points, global scale and the fake-quantized weight equal NumPy's; a moving average of
+    two batches and importance-weighted errors too."""
+    jnp = pytest.importorskip("jax.numpy")
+    cfg, w = CONFIGS[name], weight()
+    moving = replace(cfg, mode="moving", averaging_constant=0.3)
+    x = np.random.default_rng(5).standard_normal((6, w.shape[1])).astype(np.float32) * np.linspace(
+        0.1, 3, w.shape[1], dtype=np.float32)
+    out = []
+    for arr, xp in ((w, None), (jnp.asarray(w), jnp)):
+        o = llm.flatten(arr, cfg, xp=xp)
+        imp = llm.importance_update(llm.importance_init(w.shape[1], xp=xp), x if xp is None else jnp.asarray(x), xp=xp)
+        weights = llm.importance_weights(imp, cfg, w.shape, xp=xp)[0] if cfg.search == "imatrix" else None
+        state = llm.update(cfg, llm.init(cfg, qparam_shape=tuple(o.shape[1:-1]), xp=xp), o, weights=weights, xp=xp)
+        q = llm.qparams(cfg, state, xp=xp)
+        shape = (1, *o.shape[1:-1], 1)
+        zp = None if cfg.symmetric else xp_reshape(q.zero_point.astype("float32"), shape)
+        fq = llm.fake_quantize(o, xp_reshape(q.scale, shape), zp, cfg, global_scale=q.global_scale, xp=xp)
+        m = llm.init(moving, qparam_shape=tuple(o.shape[1:-1]), xp=xp)
+        for k in (1.0, -2.5):
+            m = llm.update(moving, m, o * k, xp=xp)
+        out.append([q.scale, q.zero_point, state.min_vals, state.max_vals, fq, m.min_vals, m.max_vals, imp.sum]
+                   + ([q.global_scale] if q.global_scale is not None else []))
+    for i, (a, b) in enumerate(zip(*out)):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape, i
+        assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), (i, int((a != b).sum()))
+
+
+def xp_reshape(a, shape):
+    return a.reshape(shape)
+
+
+def test_global_scale_rounds_as_torch():
+    """``448 * 6 / amax`` as torch (and so compressed-tensors) computes a number over a tensor: the reciprocal,
+    then the product (a single division differs in about a quarter of the values); NumPy and JAX give those bits."""
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    amax = (np.random.default_rng(7).random(4096) * 10 + 1e-3).astype(np.float32)
+    want = (2688.0 / torch.from_numpy(amax)).numpy()
+    for a, xp in ((amax, None), (jnp.asarray(amax), jnp), (torch.from_numpy(amax), None)):
+        got = np.stack([np.asarray(llm.global_scale(-a[i:i + 1], a[i:i + 1], xp=xp))[0] for i in range(0, 4096, 64)])
+        assert np.array_equal(got, want[::64])

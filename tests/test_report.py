@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -393,3 +394,98 @@ def test_console_script_default_model(tmp_path):
     assert bad.returncode == 1 and "nope.npz: no such file" in bad.stderr and "Traceback" not in bad.stderr
     mod = subprocess.run([sys.executable, "-m", "observers_core", "report", "--methods", "x"], capture_output=True, text=True)
     assert mod.returncode == 2 and "unknown method 'x'" in mod.stderr
+
+
+# ------------------------------------------------------------------------------------------ the LLM family
+
+
+def _llm_reference(x, cfg, weights=None):
+    """The LLM family's functions called directly: state, qparams, fake-quantized x (2-D ``x``)."""
+    from observers_core.families import llm
+
+    o = llm.flatten(x, cfg)
+    state = llm.update(cfg, llm.init(cfg, qparam_shape=o.shape[1:-1]), o, weights=weights)
+    qp = llm.qparams(cfg, state)
+    shape = (1, *o.shape[1:-1], 1)
+    zp = None if cfg.symmetric else qp.zero_point.astype(np.float32).reshape(shape)
+    fq = llm.fake_quantize(o, qp.scale.reshape(shape), zp, cfg, global_scale=qp.global_scale).reshape(x.shape)
+    return state, qp, fq
+
+
+def test_llm_formats_and_methods_equal_the_family():
+    """nvfp4, ``mse_grid`` and ``imatrix_mse`` rows: the ranges, scales and errors of the LLM family's own
+    functions; imatrix with the layer inputs weights the error by their E[x^2], without them falls back to
+    the uniform search (llm-compressor's fallback, named in the note)."""
+    from observers_core.families import llm
+
+    x = _weights(3, (8, 64))
+    rng = np.random.default_rng(4)
+    inputs = [rng.standard_normal((5, 64)).astype(np.float32) * np.linspace(0.1, 4, 64, dtype=np.float32)
+              for _ in range(2)]
+    rows = report_tensors({"w": x}, formats=["nvfp4", "int4", "uint4"], granularities=("per_group",),
+                          methods=["minmax", "mse_grid", "imatrix_mse"], group_size=32, inputs={"w": inputs})
+    by = {(r.format, r.method): r for r in rows}
+    assert set(by) == {("nvfp4", m) for m in ("minmax", "mse_grid", "imatrix_mse")} | {
+        (f, m) for f in ("int4", "uint4") for m in ("minmax", "mse_grid", "imatrix_mse")}
+    nv = dict(num_bits=4, type="float", strategy="tensor_group", group_size=16, scale_dtype="float8_e4m3fn",
+              mode="static")
+    imp = llm.importance_init(64)
+    for b in inputs:
+        imp = llm.importance_update(imp, b)
+    cases = {("nvfp4", "minmax"): (llm.Config(**nv), False), ("nvfp4", "mse_grid"): (llm.Config(**nv, search="mse"), False),
+             ("nvfp4", "imatrix_mse"): (llm.Config(**nv, search="imatrix"), True),
+             ("uint4", "mse_grid"): (llm.Config(num_bits=4, symmetric=False, strategy="group", group_size=32,
+                                                mode="static", search="mse"), False),
+             ("int4", "imatrix_mse"): (llm.Config(num_bits=4, strategy="group", group_size=32, mode="static",
+                                                  search="imatrix"), True)}
+    for key, (cfg, weighted) in cases.items():
+        w = llm.importance_weights(imp, cfg, x.shape)[0] if weighted else None
+        state, qp, fq = _llm_reference(x, cfg, w)
+        r = by[key]
+        assert not r.error, r.error
+        assert r.scale == qp.scale.reshape(-1).tolist() and r.range_max == state.max_vals.reshape(-1).tolist(), key
+        assert r.mse == pytest.approx(_metrics(x, fq)[0], rel=1e-12), key
+        assert ("E[x^2]" in r.note) == weighted, r.note
+    assert "global scale" in by["nvfp4", "minmax"].note
+    assert by["uint4", "mse_grid"].zero_point is not None and by["nvfp4", "minmax"].zero_point is None
+    # the grid search never does worse, on the error it minimises (sum |fq(x) - x| ** 2.4), than the plain
+    # range of the same quantizer (its first candidate)
+    plain = llm.Config(num_bits=4, strategy="group", group_size=32, mode="static")
+    searched = _llm_reference(x, replace(plain, search="mse"))[2]
+    assert np.sum(np.abs(searched - x) ** 2.4) <= np.sum(np.abs(_llm_reference(x, plain)[2] - x) ** 2.4)
+    alone = report_tensors({"w": x}, formats=["int4"], granularities=("per_group",), methods=["imatrix_mse"],
+                           group_size=32)
+    assert alone[0].note == "uniform MSE: no importance data"
+    assert alone[0].scale == by["int4", "mse_grid"].scale
+
+
+def test_llm_cli_names_and_skips(files, tmp_path, capsys):
+    jpath = tmp_path / "r.json"
+    rc, _, err = _run(["report", str(files / "w.npy"), "--formats", "nvfp4,float8_e4m3fn,float8_e5m2",
+                       "--methods", "minmax,mse_grid,imatrix_mse", "--granularity", "per_channel", "--json", str(jpath),
+                       "--quiet"], capsys)
+    assert rc == 0, err
+    got = {(r["format"], r["granularity"], r["method"]) for r in _json(jpath)}
+    assert got == {("nvfp4", "per_block", m) for m in ("minmax", "mse_grid", "imatrix_mse")} | {
+        ("float8_e4m3fn", "per_channel", m) for m in ("minmax", "mse_grid", "imatrix_mse")} | {
+        ("float8_e5m2", "per_channel", "minmax")}  # fp8 E5M2 is not an LLM-family format
+    rc, _, err = _run(["report", str(files / "w.npy"), "--methods", "mse-grid"], capsys)
+    assert rc == 2 and "mse_grid" in err and "imatrix_mse" in err
+    x = np.ones((4, 24), np.float32)  # 24 is not a multiple of nvfp4's blocks of 16: skipped, with a note
+    rows = report_tensors({"x": x}, formats=["nvfp4"], methods=["minmax"])
+    assert rows == []
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_llm_rows_are_the_same_on_other_backends(backend):
+    pytest.importorskip(backend)
+    x = _weights(5, (8, 64))
+    x[3] = 0.0  # an all-zero row: MX code 0 (a subnormal scale XLA reads as 0)
+    inputs = {"w": [np.random.default_rng(6).standard_normal((5, 64)).astype(np.float32)]}
+    kw = dict(formats=["int4", "uint8", "nvfp4", "mxfp4"], methods=["minmax", "mse_grid", "imatrix_mse"], inputs=inputs)
+    ref = report_tensors({"w": x}, **kw)
+    rows = report_tensors({"w": x}, backend=backend, **kw)
+    assert len(rows) == len(ref) > 20
+    for r, q in zip(rows, ref):
+        assert (r.scale, r.range_min, r.range_max, r.zero_point, r.mse, r.note) == (
+            q.scale, q.range_min, q.range_max, q.zero_point, q.mse, q.note), (r.format, r.granularity, r.method)

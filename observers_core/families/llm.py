@@ -35,7 +35,8 @@ from typing import Any, NamedTuple
 
 from .._collective import check_collective, reduce_range
 from .._mx import MX_ELEMENTS, e8m0_to_float, floor_log2, round_to_element
-from .._namespace import array_namespace, clamp, device_of, size
+from .._histogram import true_divide
+from .._namespace import array_namespace, clamp, device_of, is_jax_namespace, rounded, size
 from .._validate import check_bool, check_choice, check_float, check_int
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
     "flatten", "init", "observe", "update", "merge", "qparams", "calculate_qparams", "global_scale",
     "fused_global_scale", "fake_quantize", "grid_search", "error_table", "select_candidates",
     "importance_init", "importance_update", "importance_merge", "importance", "normalized_importance",
-    "quant_range",
+    "importance_weights", "IMPORTANCE_STRATEGIES", "quant_range",
 ]
 
 Array = Any
@@ -313,11 +314,12 @@ def calculate_qparams(min_vals: Array, max_vals: Array, config: Config, /, *, gl
         if config.is_mx:
             scales = _mx_codes(amax, config.num_bits, xp)
         else:
-            scales = amax / xp.full((), bit_range / 2, dtype=amax.dtype, device=device_of(amax))
+            scales = true_divide(amax, xp.full((), bit_range / 2, dtype=amax.dtype, device=device_of(amax)), xp)
         zero_points = xp.zeros(scales.shape, dtype=min_vals.dtype, device=device_of(min_vals))
     else:
-        scales = (max_vals - min_vals) / xp.full((), bit_range, dtype=max_vals.dtype, device=device_of(max_vals))
-        zero_points = clamp(qmin - (min_vals / scales), qmin, qmax, xp)
+        scales = true_divide(max_vals - min_vals, xp.full((), bit_range, dtype=max_vals.dtype,
+                                                          device=device_of(max_vals)), xp)
+        zero_points = clamp(qmin - true_divide(min_vals, scales, xp), qmin, qmax, xp)
     if global_scale is not None:
         scales = global_scale * scales
     if config.scale_dtype is not None:
@@ -333,7 +335,8 @@ def calculate_qparams(min_vals: Array, max_vals: Array, config: Config, /, *, gl
         scales = xp.astype(values, scales.dtype)
     eps_name = config.scale_dtype if config.scale_dtype is not None else _dtype_name(scales.dtype)
     eps = 1.0 if eps_name == "uint8" else _FLOAT_EPS[eps_name]
-    scales = xp.where(scales == 0, xp.full((), eps, dtype=scales.dtype, device=device_of(scales)), scales)
+    if not config.is_mx:  # an MX scale 2 ** (code - 127) is never 0 (code 0: a subnormal, which XLA reads as 0)
+        scales = xp.where(scales == 0, xp.full((), eps, dtype=scales.dtype, device=device_of(scales)), scales)
     if config.zp_dtype == "float8_e4m3fn":
         zero_points = _round_to_float(zero_points, "float8_e4m3fn", xp)
     else:
@@ -344,13 +347,14 @@ def calculate_qparams(min_vals: Array, max_vals: Array, config: Config, /, *, gl
 
 
 def global_scale(min_vals: Array, max_vals: Array, /, *, xp: Any = None) -> Array:
-    """compressed-tensors' ``generate_gparam``: ``448 * 6 / max(|min|, |max|, tiny)`` as float32 ``(1,)``;
+    """compressed-tensors' ``generate_gparam``: ``448 * 6 / max(|min|, |max|, tiny)`` as float32 ``(1,)``, computed as
+    torch computes a number over a tensor, ``(1 / amax) * 2688`` (two roundings);
     NaN and +/-Inf (an all-zero or NaN range) become 1."""
     xp = array_namespace(min_vals, max_vals, xp=xp)
     zeros = xp.zeros_like(min_vals)
     amax = _max2(xp.abs(_min2(min_vals, zeros, xp)), xp.abs(_max2(max_vals, zeros, xp)), xp)
     amax = clamp(amax, float(xp.finfo(amax.dtype).smallest_normal), None, xp)
-    g = (FP8_E4M3_MAX * FP4_E2M1_MAX) / amax
+    g = (1.0 / amax) * (FP8_E4M3_MAX * FP4_E2M1_MAX)  # torch's `2688 / tensor` is reciprocal(tensor) * 2688
     g = xp.where(xp.isnan(g) | xp.isinf(g), xp.ones_like(g), g)
     return xp.reshape(xp.astype(g, xp.float32), (1,))
 
@@ -413,8 +417,10 @@ def fake_quantize(x: Array, scale: Array, zero_point: Array | None, config: Conf
     dtype. A symmetric ``zero_point`` may be ``None`` (adding zero changes nothing but the sign of 0)."""
     xp = array_namespace(x, xp=xp)
     if global_scale is not None:
-        scale = scale / global_scale
-    y = x / scale
+        scale = true_divide(scale, global_scale, xp)
+    y = true_divide(x, scale, xp)
+    if is_jax_namespace(xp):  # XLA reads a subnormal scale (MX code 0, an all-zero block) as 0: 0/0 is NaN there
+        y = xp.where((x == 0) & (scale == 0), x, y)
     if zero_point is not None:
         y = y + xp.astype(zero_point, x.dtype)
     q = xp.astype(_round_values(y, config, xp), scale.dtype, copy=False)
@@ -585,8 +591,8 @@ def update(config: Config, state: State, observed: Array, /, *, weights: Array |
         mx = xp.where(first, mx, _max2(mx, state.max_vals, xp))
     elif config.mode == "moving" and config.averaging_constant != 1.0:
         c = config.averaging_constant
-        mn = xp.where(first, mn, state.min_vals * (1.0 - c) + mn * c)
-        mx = xp.where(first, mx, state.max_vals * (1.0 - c) + mx * c)
+        mn = xp.where(first, mn, rounded(state.min_vals * (1.0 - c), xp) + rounded(mn * c, xp))
+        mx = xp.where(first, mx, rounded(state.max_vals * (1.0 - c), xp) + rounded(mx * c, xp))
     return State(mn, mx, state.count + 1)
 
 
@@ -649,11 +655,36 @@ def importance_merge(a: Importance, b: Importance, /) -> Importance:
 def importance(state: Importance, /, *, xp: Any = None) -> Array:
     """``E[x^2]`` per input channel: ``sum / count`` (float32)."""
     xp = array_namespace(state.sum, xp=xp)
-    return state.sum / xp.astype(state.count, xp.float32)
+    return true_divide(state.sum, xp.astype(state.count, xp.float32), xp)
 
 
 def normalized_importance(imp: Array, /, *, xp: Any = None) -> Array:
     """``imp / (mean(imp) + tiny)`` in float32 (llm-compressor's normalisation)."""
     xp = array_namespace(imp, xp=xp)
     imp = xp.astype(imp, xp.float32)
-    return imp / (xp.mean(imp) + _FLOAT32_TINY)
+    return true_divide(imp, xp.mean(imp) + _FLOAT32_TINY, xp)
+
+
+#: strategies whose search llm-compressor weights by importance (per input channel of a weight)
+IMPORTANCE_STRATEGIES = ("channel", "group", "tensor_group")
+
+
+def importance_weights(state: Importance, config: Config, shape: tuple[int, int], /, *,
+                       xp: Any = None) -> tuple[Array | None, str]:
+    """The error weights of a weight of ``shape`` ``(rows, cols)``: normalised ``E[x^2]`` per input channel
+    laid out as :func:`flatten` lays out the weight, and ``""``; or ``(None, reason)`` where llm-compressor
+    falls back to the uniform search (a strategy other than channel/group/tensor_group, no tokens, a
+    non-finite, negative or all-zero importance, a channel count other than ``cols``)."""
+    xp = array_namespace(state.sum, xp=xp)
+    rows, cols = shape
+    if config.strategy not in IMPORTANCE_STRATEGIES:
+        return None, f"strategy {config.strategy!r} is not importance-weighted"
+    if int(state.count) == 0:
+        return None, "no importance data"
+    imp = importance(state, xp=xp)
+    if not bool(xp.all(xp.isfinite(imp))) or bool(xp.any(imp < 0)) or bool(xp.all(imp == 0)):
+        return None, "non-finite, negative or all-zero importance"
+    if imp.shape[0] != cols:
+        return None, f"importance has {imp.shape[0]} channels, the weight {cols} columns"
+    imp = normalized_importance(imp, xp=xp)
+    return flatten(xp.broadcast_to(imp[None, :], (rows, cols)), config, role="weight", xp=xp), ""

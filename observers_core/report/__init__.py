@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from ._io import ReportError, load_tensors
-from ._methods import FORMATS, GRANULARITIES, METHODS, Case, calibrate, cases_for, errors
+from ._methods import ALL_METHODS, FORMATS, GRANULARITIES, LLM_METHODS, METHODS, Case, calibrate, cases_for, errors
 
 __all__ = [
-    "FORMATS", "GRANULARITIES", "METHODS", "BACKENDS", "DEFAULT_FORMATS", "ReportError", "Row",
+    "FORMATS", "GRANULARITIES", "METHODS", "LLM_METHODS", "ALL_METHODS", "BACKENDS", "DEFAULT_FORMATS", "ReportError", "Row",
     "report_tensors", "run_report", "run_default", "load_tensors", "resolve_backend",
 ]
 
@@ -123,16 +123,19 @@ def report_tensors(
     backend: str = "numpy",
     device: str | None = None,
     batches: Mapping[str, list[np.ndarray]] | None = None,
+    inputs: Mapping[str, list[np.ndarray]] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> list[Row]:
     """Calibrate every tensor every way; one :class:`Row` each (see the module docstring).
 
     ``tensors``: name -> array (numpy or anything ``np.asarray`` takes; float32 is used). ``batches``:
     optional name -> list of arrays observed in turn instead of the tensor (the embedded model's
-    activations); errors are measured on the tensor. Empty tensors raise :class:`ReportError`."""
+    activations); errors are measured on the tensor. ``inputs``: optional weight name -> the layer's input
+    batches (``imatrix_mse`` weights the error by their ``E[x^2]`` per input channel, the weight's last
+    axis). Empty tensors raise :class:`ReportError`."""
     formats, granularities, methods = tuple(formats), tuple(granularities), tuple(methods)
     for kind, given, valid in (("format", formats, FORMATS), ("granularity", granularities, GRANULARITIES),
-                               ("method", methods, METHODS)):
+                               ("method", methods, ALL_METHODS)):
         bad = [g for g in given if g not in valid]
         if bad:
             raise ReportError(f"unknown {kind} {', '.join(map(repr, bad))}; valid: {', '.join(valid)}", code=2)
@@ -147,11 +150,12 @@ def report_tensors(
         nonfinite = int(host.size - np.count_nonzero(np.isfinite(host)))
         x = to_backend(host)
         seen = [to_backend(np.asarray(b, dtype=np.float32)) for b in (batches or {}).get(name, [])] or [x]
+        layer_inputs = [to_backend(np.asarray(b, dtype=np.float32)) for b in (inputs or {}).get(name, [])]
         cases, skipped = cases_for(host.shape, formats, granularities, methods, group_size)
         for case in cases:
             if progress is not None:
                 progress(f"{name} {case.format} {case.granularity} {case.method}")
-            rows.append(_row(name, host, x, seen, case, xp, group_size, nonfinite))
+            rows.append(_row(name, host, x, seen, case, xp, group_size, nonfinite, layer_inputs))
         if progress is not None and skipped:
             for s in skipped:
                 progress(f"{name}: skipped {s}")
@@ -160,13 +164,13 @@ def report_tensors(
 
 
 def _row(name: str, host: np.ndarray, x: Any, seen: list[Any], case: Case, xp: Any, group_size: int,
-         nonfinite: int) -> Row:
+         nonfinite: int, inputs: list[Any] | None = None) -> Row:
     from ._methods import host_numpy
 
     base = dict(tensor=name, shape=list(host.shape), format=case.format, granularity=case.granularity,
                 method=case.method, nonfinite=nonfinite)
     try:
-        c = calibrate(case, seen, x, xp, group_size)
+        c = calibrate(case, seen, x, xp, group_size, inputs=inputs)
     except Exception as err:  # noqa: BLE001 -- one method failing (as its observer would) is one error row
         msg = str(err).splitlines()[0] if str(err) else ""
         msg = msg if isinstance(err, ValueError) else f"{type(err).__name__}: {msg}"

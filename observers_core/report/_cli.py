@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from . import (BACKENDS, DEFAULT_FORMATS, FORMATS, GRANULARITIES, METHODS, ReportError, Row, load_tensors,
-               report_tensors, resolve_backend)
+from . import (ALL_METHODS, BACKENDS, DEFAULT_FORMATS, FORMATS, GRANULARITIES, METHODS, ReportError, Row,
+               load_tensors, report_tensors, resolve_backend)
 from ._methods import cases_for
 
 EXIT_INPUT, EXIT_USAGE, EXIT_NONFINITE = 1, 2, 3
@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "embedded digits MLP (trained in-process, seconds) and its accuracy per method.")
     p.add_argument("files", nargs="*", metavar="FILE", help=".npy .npz .safetensors .pt .pth")
     p.add_argument("--select", help="tensor names: a glob (fc*.weight) or a regular expression")
-    p.add_argument("--methods", type=_names("method", METHODS), default=METHODS,
-                   help=f"comma list of {', '.join(METHODS)} (default all)")
+    p.add_argument("--methods", type=_names("method", ALL_METHODS), default=METHODS,
+                   help=f"comma list of {', '.join(ALL_METHODS)} (default {','.join(METHODS)}; the LLM family's "
+                        "mse_grid, imatrix_mse on request or with all)")
     p.add_argument("--formats", type=_names("format", FORMATS), default=DEFAULT_FORMATS,
                    help=f"comma list of {', '.join(FORMATS)} (default {','.join(DEFAULT_FORMATS)})")
     p.add_argument("--granularity", type=_names("granularity", GRANULARITIES), default=GRANULARITIES,

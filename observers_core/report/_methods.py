@@ -16,7 +16,14 @@ Methods on a list of batches ``X_1..X_B`` (a file's tensor is one batch):
 - ``kl``, ``mse``, ``percentile``, ``mix``: the array calibration observers
   (``observers_core.adapters._array_calibration``: Horizon's ``observer_v2`` with their defaults), which
   call :func:`kl_threshold`, :func:`mse_threshold`, :func:`percentile_range` and, for ``mix``, the direct
-  fake-quantization error of each candidate.
+  fake-quantization error of each candidate;
+- ``mse_grid``, ``imatrix_mse`` (:data:`LLM_METHODS`, not in the default set): llm-compressor's MSE grid
+  search (``memoryless_mse``) and its importance-weighted one (``imatrix_mse``: error times normalised
+  ``E[x^2]`` per input channel of the layer ``inputs``; without them, llm-compressor's fallback, the uniform
+  search) through :mod:`observers_core.families.llm` (:func:`llm_config`), on the formats of
+  :data:`LLM_FORMATS`; each batch's searched range kept as a running min/max.
+- ``nvfp4`` (E2M1 in blocks of 16, E4M3 block scales, float32 global scale ``448 * 6 / amax``) is an LLM
+  family format: ``minmax`` and both LLM methods, per block of the last axis.
 """
 
 from __future__ import annotations
@@ -32,9 +39,29 @@ import observers_core as oc
 from observers_core.families import calibration
 
 UNIFORM_METHODS = ("minmax", "moving_average", "histogram", "kl", "mse", "percentile", "mix")
+#: the default methods
 METHODS = UNIFORM_METHODS
+#: the LLM family's searches (opt-in: ``--methods mse_grid,imatrix_mse`` or ``all``)
+LLM_METHODS = ("mse_grid", "imatrix_mse")
+ALL_METHODS = METHODS + LLM_METHODS
 UNIFORM_FORMATS = {"int8": ("qint8", "symmetric"), "uint8": ("quint8", "affine")}
-FORMATS = ("int8", "uint8", "int4", "uint4", "float8_e4m3fn", "float8_e5m2") + tuple(oc.MX_DTYPES) + oc.BFP_DTYPES
+FORMATS = (("int8", "uint8", "int4", "uint4", "float8_e4m3fn", "float8_e5m2") + tuple(oc.MX_DTYPES) + oc.BFP_DTYPES
+           + ("nvfp4",))
+#: formats the LLM family computes: :class:`observers_core.families.llm.Config` fields (the strategy of
+#: block formats is fixed; the others take the case's granularity)
+LLM_FORMATS: dict[str, dict[str, Any]] = {
+    "int8": {"num_bits": 8}, "uint8": {"num_bits": 8, "symmetric": False},
+    "int4": {"num_bits": 4}, "uint4": {"num_bits": 4, "symmetric": False},
+    "float8_e4m3fn": {"num_bits": 8, "type": "float"},
+    "mxfp4": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32, "scale_dtype": "uint8",
+              "zp_dtype": "uint8"},
+    "mxfp8_e4m3": {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 32, "scale_dtype": "uint8",
+                   "zp_dtype": "uint8"},
+    "nvfp4": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
+              "scale_dtype": "float8_e4m3fn"},
+}
+_LLM_STRATEGY = {"per_tensor": "tensor", "per_channel": "channel", "per_group": "group"}
+_LLM_SEARCH = {"minmax": None, "mse_grid": "mse", "imatrix_mse": "imatrix"}
 GRANULARITIES = ("per_tensor", "per_channel", "per_group")
 MOVING_AVERAGE_CONSTANT = 0.01
 HISTOGRAM_BINS = 2048
@@ -74,9 +101,14 @@ def cases_for(shape: tuple[int, ...], formats: tuple[str, ...], granularities: t
     cases, skipped = [], []
     ndim = len(shape)
     for fmt in formats:
-        if fmt in oc.MX_DTYPES or fmt in oc.BFP_DTYPES:
-            if "minmax" in methods:
-                cases.append(Case(fmt, "per_block", "minmax"))
+        if fmt in oc.MX_DTYPES or fmt in oc.BFP_DTYPES or fmt == "nvfp4":
+            block = LLM_FORMATS.get(fmt, {}).get("group_size")
+            llm_ok = block is not None and shape[-1] % block == 0
+            if block is not None and not llm_ok:
+                skipped.append(f"{fmt} LLM methods: last axis {shape[-1]} is not a multiple of the block {block}")
+            for m in methods:
+                if (m == "minmax" and fmt != "nvfp4") or (m in _LLM_SEARCH and llm_ok):
+                    cases.append(Case(fmt, "per_block", m))
             continue
         for gran in granularities:
             if gran == "per_channel" and ndim < 2:
@@ -88,6 +120,10 @@ def cases_for(shape: tuple[int, ...], formats: tuple[str, ...], granularities: t
                     continue
             uniform = fmt in UNIFORM_FORMATS and gran != "per_group"
             for m in methods:
+                if m in LLM_METHODS:
+                    if fmt in LLM_FORMATS:
+                        cases.append(Case(fmt, gran, m))
+                    continue
                 if not uniform and m != "minmax":
                     continue
                 if m == "histogram" and gran != "per_tensor":
@@ -172,8 +208,80 @@ def _uniform(case: Case, batches: list[Any], xp: Any) -> tuple[Any, Any, Any, An
     return rng.min_val, rng.max_val, q.scale, q.zero_point, note
 
 
-def calibrate(case: Case, batches: list[Any], x: Any, xp: Any, group_size: int) -> Calibrated:
-    """Run ``case`` on ``batches`` (timed: statistics and qparams), then fake-quantize ``x``."""
+def llm_config(case: Case, group_size: int) -> Any:
+    """The LLM family's :class:`~observers_core.families.llm.Config` of an LLM case (``mode="static"``)."""
+    from observers_core.families import llm
+
+    fields = dict(LLM_FORMATS[case.format])
+    if "strategy" not in fields:
+        fields["strategy"] = _LLM_STRATEGY[case.granularity]
+        if case.granularity == "per_group":
+            fields["group_size"] = group_size
+    return llm.Config(**fields, mode="static", search=_LLM_SEARCH[case.method])
+
+
+def _as_weight(a: Any, granularity: str, xp: Any) -> Any:
+    """The 2-D ``(rows, cols)`` view the LLM family observes: rows = axis 0 per channel, else the last
+    axis is the columns (groups, blocks)."""
+    if granularity == "per_channel":
+        return xp.reshape(a, (a.shape[0], -1))
+    return xp.reshape(a, (-1, a.shape[-1]))
+
+
+def _llm(case: Case, batches: list[Any], x: Any, xp: Any, group_size: int, inputs: list[Any] | None
+         ) -> Calibrated:
+    """An LLM-family case: ``llm.update`` per batch, ``llm.qparams``, ``llm.fake_quantize``; ``imatrix_mse``
+    weights the error by ``llm.importance_weights`` of ``inputs`` (the layer's inputs)."""
+    import array_api_compat
+
+    from observers_core.families import llm
+
+    cfg = llm_config(case, group_size)
+    if cfg.strategy in ("group", "tensor_group"):
+        batches = [x]  # per element position: the tensor's own groups/blocks, as the other group formats
+    note, weights = "", None
+    start = time.perf_counter()
+    if cfg.search == "imatrix":
+        w2 = _as_weight(x, case.granularity, xp)
+        imp = llm.importance_init(w2.shape[1], device=array_api_compat.device(w2), xp=xp)
+        for b in inputs or []:
+            imp = llm.importance_update(imp, b, xp=xp)  # a channel count other than the columns: ValueError
+        weights, reason = llm.importance_weights(imp, cfg, tuple(w2.shape), xp=xp)
+        note = f"uniform MSE: {reason}" if weights is None else "weighted by E[x^2] of the layer inputs"
+    state = None
+    for b in batches:
+        o = llm.flatten(_as_weight(b, case.granularity, xp), cfg, xp=xp)
+        if state is None:
+            state = llm.init(cfg, qparam_shape=tuple(o.shape[1:-1]), dtype=o.dtype, xp=xp)
+        state = llm.update(cfg, state, o, weights=weights, xp=xp)
+    qp = llm.qparams(cfg, state, xp=xp)
+    result = [host_numpy(state.min_vals), host_numpy(state.max_vals), host_numpy(qp.scale)]
+    seconds = time.perf_counter() - start
+    if qp.global_scale is not None:
+        note = (note + "; " if note else "") + f"global scale {float(host_numpy(qp.global_scale)[0]):.6g}"
+
+    def fq(a: Any) -> Any:
+        o = llm.flatten(_as_weight(a, case.granularity, xp), cfg, xp=xp)
+        shape = (1, *o.shape[1:-1], 1)
+        zp = None if cfg.symmetric else xp.reshape(xp.astype(qp.zero_point, o.dtype), shape)
+        out = llm.fake_quantize(o, xp.reshape(qp.scale, shape), zp, cfg, global_scale=qp.global_scale, xp=xp)
+        return xp.reshape(out, a.shape)
+
+    ones = xp.ones_like(x) * BIG
+    step = None
+    if cfg.type == "int":
+        qmin, qmax = llm.quant_range(cfg)
+        step = (fq(ones) - fq(-ones)) / (qmax - qmin)
+    zp = host_numpy(qp.zero_point).astype(np.int64) if cfg.type == "int" else None
+    return Calibrated(*result, zp, None, fq(x), fq(xp.where(x >= 0, ones, -ones)), seconds, note, step)
+
+
+def calibrate(case: Case, batches: list[Any], x: Any, xp: Any, group_size: int, *,
+              inputs: list[Any] | None = None) -> Calibrated:
+    """Run ``case`` on ``batches`` (timed: statistics and qparams), then fake-quantize ``x``; ``inputs``:
+    the layer's inputs (``imatrix_mse``)."""
+    if case.method in LLM_METHODS or case.format == "nvfp4":
+        return _llm(case, batches, x, xp, group_size, inputs)
     axis = None if case.granularity == "per_tensor" else 0
     ones = xp.ones_like(x) * BIG
     big = xp.where(x >= 0, ones, -ones)

@@ -19,7 +19,7 @@ import numpy as np
 import observers_core as oc
 
 from ._io import ReportError
-from ._methods import METHODS, Case, calibrate, quant_spec_of
+from ._methods import LLM_METHODS, METHODS, Case, calibrate, quant_spec_of
 
 LAYERS = ("fc1", "fc2", "fc3")
 FLOAT_ACCURACY_FLOOR = 0.9
@@ -136,11 +136,12 @@ def model_report(*, seed: int = 0, formats: Any = None, granularities: Any = Non
     kw = dict(methods=methods, backend=backend, device=device, group_size=group_size, progress=progress,
               formats=formats or DEFAULT_FORMATS)
     inputs = {k: np.concatenate(v) for k, v in act_batches.items()}
-    rows = report_tensors(weights, granularities=granularities or GRANULARITIES, **kw)
+    layer_inputs = {f"{n}.weight": act_batches[f"{n}.input"] for n in LAYERS}  # imatrix_mse's importance
+    rows = report_tensors(weights, granularities=granularities or GRANULARITIES, inputs=layer_inputs, **kw)
     rows += report_tensors(inputs, batches=act_batches,
                            granularities=("per_tensor",), **kw)
     acc_rows = []
-    for method in methods:
+    for method in [m for m in methods if m not in LLM_METHODS]:  # the accuracy table: torch's int8 formats
         if progress is not None:
             progress(f"model int8 {method}")
         wgran = "per_tensor" if method == "histogram" else "per_channel"
