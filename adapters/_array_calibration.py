@@ -161,6 +161,7 @@ class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
     core, run by the backend). ``_setup`` is what the public constructors call (every framework's
     class and the torch one inherit this class's constructor)."""
 
+    _READ_ONLY = UniformQuantizationObserverBase._READ_ONLY | {"config"}
     _METHOD = ""
     #: the method keywords (of ``percentile``, ``stride``, ``update_interval``) the public constructor takes
     _OPTIONS: tuple[str, ...] = ()
@@ -200,8 +201,8 @@ class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
                                   ignore_nonfinite=True, **backend)
         #: the validated, hashable calibration configuration (a ``CalibConfig``); its quantizer's ``eps`` is
         #: the observer's (torch: the ``eps`` argument, which Horizon's signature does not have)
-        self.config = dataclasses.replace(config, spec=dataclasses.replace(config.spec, eps=float(np.float32(spec.eps))))
-        self.averaging_constant = self.config.averaging_constant
+        self._configure(config=dataclasses.replace(config, spec=dataclasses.replace(config.spec, eps=float(np.float32(spec.eps)))))
+        self._configure(averaging_constant=self.config.averaging_constant)
         self.ch_axis = int(ch_axis)
         self.last_choice: Array | None = None
         self._init_range(factory_kwargs)
@@ -227,7 +228,7 @@ class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
         """The base's load (``eps``, ``min_val``, ``max_val``, checked first); a loaded ``eps`` reaches the
         searches (the MSE candidates' quantizer) as it does ``calculate_qparams``."""
         super().load_state_dict(state_dict)
-        self.config = with_spec(self.config, self._spec)
+        self._configure(config=with_spec(self.config, self._spec))
 
     def reset_min_max_vals(self) -> None:
         """Forget everything seen (per channel, the channel count too)."""

@@ -60,6 +60,8 @@ class HistogramObserver(UniformQuantizationObserverBase):
     then affine ``s = max((max(new_max, 0) - min(new_min, 0)) / (Q_max - Q_min), eps)``,
     ``z = clamp(Q_min - round(min(new_min, 0) / s), Q_min, Q_max)`` (symmetric likewise)."""
 
+    _READ_ONLY = UniformQuantizationObserverBase._READ_ONLY | {"bins", "upsample_rate", "dst_nbins"}
+
     def __init__(
         self,
         bins: int = 2048,
@@ -93,10 +95,9 @@ class HistogramObserver(UniformQuantizationObserverBase):
         dst_nbins = family.check_dtype(self._parse_dtype(dtype), owner)
         self._init_uniform(dtype, qscheme, reduce_range, quant_min, quant_max, factory_kwargs, eps, is_dynamic,
                            ignore_nonfinite=ignore_nonfinite, **backend)
-        #: the number of histogram bins; sub-bins per bin when the old histogram is moved onto a wider range
-        self.bins, self.upsample_rate = bins, upsample_rate
-        #: destination bins of the search: ``2**bits`` of ``dtype``
-        self.dst_nbins = dst_nbins
+        # the number of histogram bins; sub-bins per bin when the old histogram is moved onto a wider range;
+        # destination bins of the search (``2**bits`` of ``dtype``). Read-only here (``_READ_ONLY``).
+        self._configure(bins=bins, upsample_rate=upsample_rate, dst_nbins=dst_nbins)
         self._init_range(factory_kwargs)
 
     # -- state ---------------------------------------------------------------------------------------

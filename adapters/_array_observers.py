@@ -116,6 +116,26 @@ class ObserverBase:
     """
 
     _BACKEND_TYPE: type[Backend] = Backend
+    #: configuration attributes that assignment and ``del`` refuse (``AttributeError``, nothing changed): the
+    #: computations use the configuration validated at construction, so a new value would be ignored. Set
+    #: through :meth:`_configure`. The torch classes take ``nn.Module``'s ``__setattr__`` instead: torch.ao's
+    #: attributes are assignable and re-read at each call (``adapters/_torch_minmax.py``: ``TorchModule``).
+    _READ_ONLY: frozenset[str] = frozenset()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._READ_ONLY:
+            raise AttributeError(f"{type(self).__name__}.{name} is read-only (fixed at construction; make a new observer)")
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in self._READ_ONLY:
+            raise AttributeError(f"{type(self).__name__}.{name} is read-only (fixed at construction; make a new observer)")
+        super().__delattr__(name)
+
+    def _configure(self, **attrs: Any) -> None:
+        """Set configuration attributes, the read-only ones (``_READ_ONLY``) included: construction and loads."""
+        for name, value in attrs.items():
+            super().__setattr__(name, value)
 
     def __init__(self, dtype: Any, is_dynamic: bool = False, *, xp: Any = None, device: Any = None) -> None:
         self.dtype = dtype
@@ -281,9 +301,10 @@ class StatefulObserver(ObserveLoop, ObserverBase):
 class UniformQuantizationObserverBase(StatefulObserver):
     """Configuration of the uniform (scale, zero point) observers, validated by
     :func:`observers_core.quant_spec` and resolved exactly as torch does: ``qscheme``, ``quant_min``,
-    ``quant_max``, ``has_customized_qrange``, ``eps``, ``reduce_range`` are attributes, as torch.ao's
-    (the computations use the hashable :attr:`spec` fixed at construction; the torch observers re-read the
-    attributes at each call, as torch.ao's do).
+    ``quant_max``, ``has_customized_qrange``, ``eps``, ``reduce_range`` are attributes, as torch.ao's.
+    Here the computations use the hashable :attr:`spec` fixed at construction, so the configuration
+    attributes are read-only (``_READ_ONLY``: assigning one raises ``AttributeError``); the torch
+    observers' are assignable and re-read at each call, as torch.ao's.
 
     Every framework shares the checks; what a framework stores is its own: ``_init_uniform`` (the
     configuration) and ``_init_range`` (the statistics' storage) are the hooks ``adapters.torch``'s
@@ -327,8 +348,8 @@ class UniformQuantizationObserverBase(StatefulObserver):
     def _store_spec(self, spec: QuantSpec) -> None:
         """``spec`` and its fields as the attributes torch.ao's observers have."""
         self._spec = spec
-        self.qscheme, self.quant_min, self.quant_max = spec.qscheme, spec.quant_min, spec.quant_max
-        self.has_customized_qrange, self.eps = spec.has_customized_qrange, spec.eps
+        self._configure(qscheme=spec.qscheme, quant_min=spec.quant_min, quant_max=spec.quant_max,
+                        has_customized_qrange=spec.has_customized_qrange, eps=spec.eps)
 
     #: a ``qscheme`` argument as the core's :class:`~observers_core.QScheme` (torch: its objects too)
     _parse_qscheme = staticmethod(QScheme.parse)
@@ -342,6 +363,7 @@ class UniformQuantizationObserverBase(StatefulObserver):
         """The configuration the steps use (here the one fixed at construction; torch re-reads its attributes)."""
         return self._spec
 
+    _READ_ONLY = frozenset({"qscheme", "quant_min", "quant_max", "has_customized_qrange", "eps", "averaging_constant"})
     #: ``c`` of the moving average ``x_min <- x_min + c * (min(X) - x_min)``; ``None``: running min/max
     averaging_constant: float | None = None
     #: the min/max moving averages (torch's formula; its states can hold ``min_val > max_val``)
@@ -476,7 +498,7 @@ class _MinMaxFamily(UniformQuantizationObserverBase):
             self.ch_axis = int(ch_axis)
         self._init_range(factory_kwargs)
         if self._AVERAGING:
-            self.averaging_constant = constant
+            self._configure(averaging_constant=constant)
 
 
 class MinMaxObserver(_MinMaxFamily):

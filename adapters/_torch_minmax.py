@@ -191,6 +191,10 @@ class TorchModule(SyncMixin, RangeBuffers, EagerOnly):
 
     __call__ = torch.nn.Module.__call__
     __repr__ = torch.nn.Module.__repr__
+    # torch.ao's configuration attributes are assignable (re-read at each call): not the generic classes'
+    # read-only guard (``_READ_ONLY``)
+    __setattr__ = torch.nn.Module.__setattr__
+    __delattr__ = torch.nn.Module.__delattr__
     state_dict = torch.nn.Module.state_dict
     load_state_dict = torch.nn.Module.load_state_dict
     min_val = buffer_attribute("min_val")

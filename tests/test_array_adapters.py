@@ -618,3 +618,92 @@ def test_an_unknown_keyword_is_a_type_error_naming_the_class(cls_name):
     for cls in classes:
         with pytest.raises(TypeError, match=rf"^{cls_name}\(\) got an unexpected keyword argument 'bogus'$"):
             cls(bogus=1)
+
+
+# --------------------------------------------------------------------------- read-only configuration
+_UNIFORM_RO = ("qscheme", "quant_min", "quant_max", "has_customized_qrange", "eps", "averaging_constant", "spec",
+               "min_val", "max_val")
+_LOWBIT_RO = ("config", "spec", "min_val", "max_val")
+#: every public generic class and the attributes that were read-only (``read_only`` properties, getter-only
+#: properties) before the one-class-per-observer refactor (commit 20998e9), found by introspecting that tree;
+#: FixedQParams/Placeholder/Noop had none (their attributes are plain, as torch.ao's)
+READ_ONLY = {
+    "UniformQuantizationObserverBase": _UNIFORM_RO,
+    "MinMaxObserver": _UNIFORM_RO,
+    "MovingAverageMinMaxObserver": _UNIFORM_RO,
+    "PerChannelMinMaxObserver": _UNIFORM_RO,
+    "MovingAveragePerChannelMinMaxObserver": _UNIFORM_RO,
+    "HistogramObserver": _UNIFORM_RO + ("bins", "upsample_rate", "dst_nbins", "config", "update_config", "histogram"),
+    "PercentileObserver": _UNIFORM_RO + ("config",),
+    "MSEObserver": _UNIFORM_RO + ("config",),
+    "MixObserver": _UNIFORM_RO + ("config",),
+    "KLObserver": _UNIFORM_RO + ("config", "update_interval", "accumulator"),
+    "LowBitObserver": _LOWBIT_RO,
+    "PerGroupMinMaxObserver": _LOWBIT_RO,
+    "FP8Observer": _LOWBIT_RO,
+    "PerBlockMXObserver": _LOWBIT_RO,
+    "PerBlockBFPObserver": _LOWBIT_RO,
+}
+_NONE_READ_ONLY = {"ObserverBase", "FixedQParamsObserver", "PlaceholderObserver", "NoopObserver"}
+_RO_KWARGS = {"LowBitObserver": {"dtype": "int8"}, "PerGroupMinMaxObserver": {"group_size": 4},
+              "PerBlockMXObserver": {"block_size": 8}}
+
+
+def _generic_modules():
+    from observers_core.adapters import _array_calibration, _array_histogram, _array_lowbit
+
+    return (base, _array_histogram, _array_calibration, _array_lowbit)
+
+
+def test_the_read_only_table_covers_every_public_generic_class():
+    public = {name for module in _generic_modules() for name in module.__all__}
+    assert public == set(READ_ONLY) | _NONE_READ_ONLY
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if hasattr(a, "shape"):
+        return np.array_equal(to_numpy(a), to_numpy(b), equal_nan=True)
+    return type(a) is type(b) and (a == b or (a != a and b != b))
+
+
+@pytest.mark.parametrize("framework", ["numpy", "jax"])
+@pytest.mark.parametrize(("cls_name", "attr"), [(c, a) for c, attrs in READ_ONLY.items() for a in attrs])
+def test_configuration_attributes_are_read_only(framework, cls_name, attr):
+    """The array observers compute with the configuration validated at construction: assigning or deleting
+    one of its attributes raises ``AttributeError`` (as before the refactor) instead of being silently
+    ignored, and the attribute, the state and the qparams stay as they were. (The torch observers'
+    attributes stay assignable, as torch.ao's: torch re-reads them.)"""
+    if framework == "jax":
+        module = pytest.importorskip("observers_core.adapters.jax")
+        cls = getattr(module, cls_name, None) or next(getattr(m, cls_name) for m in _generic_modules()
+                                                     if hasattr(m, cls_name))
+        if cls_name == "UniformQuantizationObserverBase":
+            pytest.skip("the JAX adapter exports no UniformQuantizationObserverBase")
+    else:
+        cls = next(getattr(m, cls_name) for m in _generic_modules() if hasattr(m, cls_name))
+    batch = np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32)
+    stateful = cls_name != "UniformQuantizationObserverBase"
+    obs, twin = cls(**_RO_KWARGS.get(cls_name, {})), cls(**_RO_KWARGS.get(cls_name, {}))
+    if stateful:
+        obs(batch)
+        twin(batch)
+    missing = object()
+    before = getattr(obs, attr, missing)
+    state_before = obs.state_dict() if stateful else None
+    for value in (5, 0.5, None, before):
+        with pytest.raises(AttributeError):
+            setattr(obs, attr, value)
+    with pytest.raises(AttributeError):
+        delattr(obs, attr)
+    after = getattr(obs, attr, missing)
+    assert after is before or _same(after, before)
+    if stateful:
+        assert obs.state_dict().keys() == state_before.keys()
+        assert all(_same(obs.state_dict()[k], state_before[k]) for k in state_before)
+        obs(batch * 3)
+        twin(batch * 3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            assert _same(tuple(obs.calculate_qparams()), tuple(twin.calculate_qparams()))
