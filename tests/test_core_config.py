@@ -69,7 +69,7 @@ def _reduce_range_classes():
     import importlib.util
     import inspect
 
-    from observers_core.adapters import _catalog
+    from observers_core.adapters import _array_calibration, _array_histogram, _array_lowbit, _array_observers
     from observers_core.adapters import jax as jobs
     from observers_core.adapters import torch as tobs
 
@@ -79,7 +79,10 @@ def _reduce_range_classes():
 
         modules.append(("cupy", cobs))
     cases = []
-    for generic in _catalog.CLASSES:
+    generics = [getattr(m, name) for m in (_array_observers, _array_histogram, _array_calibration, _array_lowbit)
+                for name in m.__all__ if isinstance(getattr(m, name), type) and name.endswith("Observer")
+                and "Base" not in name and name != "LowBitObserver"]
+    for generic in generics:
         if "reduce_range" not in inspect.signature(generic).parameters:
             continue
         for framework, mod in modules:

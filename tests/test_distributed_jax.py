@@ -83,9 +83,11 @@ def test_collective_must_be_a_hashable_collective():
         obs.update(None, jnp.ones((2, 4)), collective=Unhashable())
 
 
-def test_kl_observer_has_no_pure_update_with_an_axis_name_either():
+def test_kl_observer_pure_update_takes_a_kl_state_not_a_range():
+    """KL's pure ``update`` carries its accumulator in a ``KLState``; the range ``init_state()`` gives (what
+    ``kl_step`` takes) is refused, naming ``state``."""
     obs = jobs.KLObserver()
-    with pytest.raises(NotImplementedError, match="no pure update"):
+    with pytest.raises(TypeError, match="state must be a KLState"):
         obs.update(obs.init_state(), jnp.ones(4), axis_name="data")
 
 
