@@ -47,7 +47,14 @@ import warnings
 import torch
 
 from observers_core._histogram import HistogramState, histogram
-from observers_core._l2_search import non_linear_param_search, quantization_error
+from observers_core._dtypes import FLOAT32_EPS
+from observers_core._l2_search import (
+    check_read,
+    device_qparams_route,
+    histogram_qparams_on_device,
+    non_linear_param_search,
+    quantization_error,
+)
 from observers_core._state_dict import check_entry
 from observers_core._validate import INF
 from observers_core.families import histogram as family
@@ -176,6 +183,8 @@ class TorchHistogram:
         r"""Scale and zero point of the searched range. Before any input: torch's warning and
         ``(tensor([1.]), tensor([0]))``; after a NaN input: a warning and a NaN scale."""
         state = self._read_state()
+        if device_qparams_route(state, xp=TORCH.xp) and self.eps.dtype == torch.float32:
+            return self._qparams_on_device(state)
         lo, hi = torch.stack((state.min_val, state.max_val)).tolist()
         if lo == INF and hi == -INF:
             return self._calculate_qparams(self.min_val, self.max_val)  # torch's warning and defaults
@@ -183,6 +192,18 @@ class TorchHistogram:
             warnings.warn("min_val and max_val are NaN (the observer saw NaN): the scale is NaN", stacklevel=2)
         new_min, new_max = self._non_linear_param_search()
         return self._calculate_qparams(new_min, new_max)
+
+    def _qparams_on_device(self, state: HistogramState) -> tuple[torch.Tensor, torch.Tensor]:
+        r""":meth:`calculate_qparams` on the torch CUDA path: the search and the qparams in one Triton kernel
+        (``eps`` read from its buffer there), then one host read for torch's warnings and the checks."""
+        spec = self._quant_spec(eps=FLOAT32_EPS)  # (the kernel reads the eps buffer instead)
+        (scale, zero_point), read = histogram_qparams_on_device(state, spec, dst_nbins=self.dst_nbins, eps=self.eps)
+        if read.empty:
+            return self._default_qparams(self.min_val)  # torch's warning and defaults
+        if read.nan:
+            warnings.warn("min_val and max_val are NaN (the observer saw NaN): the scale is NaN", stacklevel=3)
+        check_read(read)
+        return scale, zero_point
 
     # -- state dict ----------------------------------------------------------------------------------
     @all_or_nothing

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from ._histogram import (
 )
 from ._namespace import (
     clamp,
+    device_constant,
     scalar_like,
     device_of,
     array_namespace,
@@ -46,6 +47,7 @@ from ._namespace import (
     namespace_of,
     read_flags,
     rounded,
+    triton_route,
 )
 from ._qparams import QParams, calculate_qparams
 from ._validate import INF, check_int
@@ -429,6 +431,11 @@ def check_histogram(histogram: Array, min_val: Array, max_val: Array, /, *, xp: 
         counts_ok, lo, hi = flags
         finite = not (math.isinf(lo) or math.isinf(hi))
         ordered = not lo > hi
+    _raise_invalid(counts_ok, finite, ordered, lo, hi, name)
+
+
+def _raise_invalid(counts_ok: bool, finite: bool, ordered: bool, lo: Any, hi: Any, name: str) -> None:
+    """:func:`check_histogram`'s errors for its three flags (``lo``, ``hi``: the range as float32)."""
     if not counts_ok:
         raise ValueError(f"{name} must hold finite counts >= 0 (no negative, NaN or infinite count)")
     if not finite:
@@ -496,6 +503,11 @@ def non_linear_param_search(
             raise ValueError(f"{name} must be 0-d, got shape {tuple(arr.shape)}")
     if isinstance(dst_nbins, bool) or not isinstance(dst_nbins, (int, np.integer)) or dst_nbins < 1:
         raise ValueError(f"dst_nbins={dst_nbins!r} must be an int >= 1")
+    if triton_route(histogram, min_val, max_val, xp=xp):  # torch CUDA: one kernel, one host read (the check)
+        with np.errstate(all="ignore"):
+            hist, lo, hi = (xp.astype(a, xp.float32, copy=False) for a in (histogram, min_val, max_val))
+        found, _ = _device_search(hist, lo, hi, int(dst_nbins), xp)
+        return found[0], found[1]
     originals = numpy_views(xp, histogram, min_val, max_val)  # torch CPU: the same check in NumPy (cheaper)
     if originals is not None:
         check_histogram(*originals)
@@ -531,12 +543,11 @@ def histogram_qparams(state: HistogramState, /, spec: QuantSpec, *, xp: Any = No
     :func:`check_histogram` (eager ``ValueError``; unchecked under ``jax.jit``)."""
     check_state(state)
     xp = array_namespace(state.histogram, xp=xp)
-    if not spec.qscheme.is_per_tensor:
-        raise ValueError(f"spec.qscheme={spec.qscheme.value} is not supported; allowed: per_tensor_affine, "
-                         "per_tensor_symmetric")  # fmt: skip
-    if spec.dtype not in DST_BITS:
-        raise ValueError(f"spec.dtype={spec.dtype} is not supported by the histogram search; allowed: "
-                         + ", ".join(DST_BITS))  # fmt: skip
+    _check_spec(spec)
+    if device_qparams_route(state, xp=xp):  # torch CUDA: one kernel, one host read (the check)
+        qparams, read = histogram_qparams_on_device(state, spec)
+        check_read(read)
+        return qparams
     empty = (state.min_val == INF) & (state.max_val == -INF)
     zero = xp.zeros_like(state.min_val)
     new_min, new_max = non_linear_param_search(  # an empty state searches [0, 0]; its result is replaced
@@ -546,3 +557,77 @@ def histogram_qparams(state: HistogramState, /, spec: QuantSpec, *, xp: Any = No
     new_min = xp.where(empty, state.min_val, new_min)
     new_max = xp.where(empty, state.max_val, new_max)
     return calculate_qparams(new_min, new_max, spec, xp=xp)
+
+
+def _check_spec(spec: QuantSpec) -> None:
+    """``ValueError`` unless the histogram search takes ``spec`` (per tensor, an integer dtype)."""
+    if not spec.qscheme.is_per_tensor:
+        raise ValueError(f"spec.qscheme={spec.qscheme.value} is not supported; allowed: per_tensor_affine, "
+                         "per_tensor_symmetric")  # fmt: skip
+    if spec.dtype not in DST_BITS:
+        raise ValueError(f"spec.dtype={spec.dtype} is not supported by the histogram search; allowed: "
+                         + ", ".join(DST_BITS))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
+# the torch CUDA path: the search (and the qparams) in one Triton kernel
+
+
+class DeviceRead(NamedTuple):
+    """What the one host read after the kernel says: :func:`check_histogram`'s flags, the state's own
+    facts torch's adapter warns about, and the range as searched (float32 values as Python floats)."""
+
+    counts_ok: bool
+    finite: bool
+    ordered: bool
+    empty: bool  # the state has seen nothing: (+inf, -inf)
+    nan: bool  # min_val or max_val is NaN
+    lo: float
+    hi: float
+
+
+def check_read(read: DeviceRead, /, *, name: str = "histogram") -> None:
+    """:func:`check_histogram`'s errors from a :class:`DeviceRead`."""
+    _raise_invalid(read.counts_ok, read.finite, read.ordered, read.lo, read.hi, name)
+
+
+def _device_search(hist: Array, lo: Array, hi: Array, dst_nbins: int, xp: Any, qparams: dict | None = None,
+                   *, check: bool = True) -> tuple[tuple[Array, Array, Array], DeviceRead]:
+    """``_triton_kernels.l2_search`` (float32 inputs) with the walk tables on the device, and the one host
+    read of its flags: ``((range, scale, zero_point), read)``; with ``check``, :func:`check_histogram`'s
+    errors are raised from the read."""
+    from . import _triton_kernels
+
+    tables = [device_constant(t, xp, device_of(hist)) for t in _walk_tables()]
+    found, scale, zero_point, flags = _triton_kernels.l2_search(hist, lo, hi, dst_nbins, *tables, qparams=qparams)
+    values = flags.tolist()  # the host read
+    read = DeviceRead(*(bool(v) for v in values[:5]), values[5], values[6])
+    if check:
+        check_read(read)
+    return (found, scale, zero_point), read
+
+
+def device_qparams_route(state: HistogramState, /, *, xp: Any = None) -> bool:
+    """Whether :func:`histogram_qparams_on_device` takes ``state``: float32 torch tensors on the torch CUDA
+    path (``_namespace.triton_route``)."""
+    xp = array_namespace(state.histogram, xp=xp)
+    return (triton_route(*state, xp=xp) and state.histogram.ndim == 1
+            and all(a.dtype == xp.float32 for a in state))  # fmt: skip
+
+
+def histogram_qparams_on_device(state: HistogramState, /, spec: QuantSpec, *, dst_nbins: int | None = None,
+                                eps: Array | None = None) -> tuple[QParams, DeviceRead]:
+    """:func:`histogram_qparams` on the torch CUDA path (:func:`device_qparams_route`) in one Triton kernel
+    and one host read, which is returned with the qparams instead of raising: the caller raises
+    (:func:`check_histogram`'s errors from the read) and warns. ``dst_nbins``: the search's levels
+    (``2**bits(spec.dtype)`` by default); ``eps``: a float32 tensor on the state's device (the torch
+    observer's ``eps`` buffer) read by the kernel in place of ``spec.eps``."""
+    _check_spec(spec)
+    xp = array_namespace(state.histogram)
+    levels = 2 ** DST_BITS[spec.dtype] if dst_nbins is None else int(dst_nbins)
+    qparams = dict(symmetric=spec.qscheme.is_symmetric, quant_min=spec.quant_min, quant_max=spec.quant_max,
+                   zero_point=spec.symmetric_zero_point if spec.qscheme.is_symmetric else 0,
+                   eps=float(np.float32(spec.eps)) if eps is None else eps)  # fmt: skip
+    (_, scale, zero_point), read = _device_search(state.histogram, state.min_val, state.max_val, levels, xp, qparams,
+                                                  check=False)  # fmt: skip
+    return QParams(scale, zero_point), read

@@ -29,7 +29,8 @@ from triton.language import core as _tl_core  # noqa: F401  (patched for the int
 
 from . import _namespace
 
-__all__ = ["clip_average", "histogram_update", "launch", "moving_average", "percentile_amax", "range_abs_histogram"]
+__all__ = ["clip_average", "histogram_update", "l2_search", "launch", "moving_average", "percentile_amax",
+           "range_abs_histogram"]
 
 _INF = float("inf")
 _F32_MAX = 3.4028234663852886e38
@@ -634,3 +635,295 @@ def percentile_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor,
     launch(_percentile_kernel, (rows.shape[0],), rows, lo.reshape(-1).contiguous(), width.reshape(-1).contiguous(),
            *float32_parts(keep), bins, amax, BLOCK=min(triton.next_power_of_2(bins), 4096))
     return amax
+
+
+# ------------------------------------------------------------------------------------------------------
+# HistogramObserver.calculate_qparams: torch's L2 search and the qparams, one single-program kernel
+
+
+@triton.jit
+def _cascade_level(src, size, dst, c, COLS: tl.constexpr):
+    """One level of ``_histogram._cascade_last`` for the ``COLS`` columns at once (element ``j`` of column
+    ``c`` at ``src + j * COLS + c``): the sequential sums of each 16 into ``dst`` (same layout) and the
+    sequential sum of the ``size % 16`` left over; returns ``(that sum, size // 16)``."""
+    groups = size // 16
+    left = tl.zeros([COLS], tl.float32)
+    for j in range(16 * groups, size):
+        left += tl.load(src + j * COLS + c)
+    for g in range(0, groups):
+        acc = tl.zeros([COLS], tl.float32)
+        for k in tl.static_range(16):
+            acc += tl.load(src + (16 * g + k) * COLS + c)
+        tl.store(dst + g * COLS + c, acc)
+    tl.debug_barrier()
+    return left, groups
+
+
+@triton.jit
+def _sum32(v_ptr, n, lvl_ptr, LANES: tl.constexpr):
+    """``_histogram.sum32`` of ``v[0:n]`` (float32, torch's CPU ``cascade_sum`` order: ``4 * LANES`` columns
+    each summed in a 16-ary cascade, then the vectors left over, the columns into ``LANES`` lanes, the
+    scalar tail and the lanes); ``lvl_ptr``: scratch of ``n // 8 + 64`` float32."""
+    COLS: tl.constexpr = 4 * LANES
+    c = tl.arange(0, COLS)
+    nvec = n // LANES
+    ilp = nvec // 4
+    l0, g0 = _cascade_level(v_ptr, ilp, lvl_ptr, c, COLS)
+    x2 = lvl_ptr + g0 * COLS
+    l1, g1 = _cascade_level(lvl_ptr, g0, x2, c, COLS)
+    x3 = x2 + g1 * COLS
+    l2, g2 = _cascade_level(x2, g1, x3, c, COLS)
+    rest = tl.zeros([COLS], tl.float32)
+    for j in range(0, g2):
+        rest += tl.load(x3 + j * COLS + c)
+    part_ptr = x3 + g2 * COLS
+    tl.store(part_ptr + c, ((l0 + l1) + l2) + rest)
+    tl.debug_barrier()
+    lane = tl.arange(0, LANES)
+    acc = tl.load(part_ptr + lane)
+    for t in range(4 * ilp, nvec):
+        acc += tl.load(v_ptr + t * LANES + lane)
+    for k in tl.static_range(1, 4):
+        acc += tl.load(part_ptr + k * LANES + lane)
+    if LANES == 1:
+        out = tl.sum(acc, axis=0)
+    else:
+        acc_ptr = part_ptr + COLS
+        tl.store(acc_ptr + lane, acc)
+        tl.debug_barrier()
+        out = tl.zeros([], tl.float32)
+        for i in range(nvec * LANES, n):
+            out += tl.load(v_ptr + i)
+        for k in tl.static_range(LANES):
+            out += tl.load(acc_ptr + k)
+    return out
+
+
+@triton.jit
+def _cumsum32(h_ptr, n, cs_ptr):
+    """``_l2_search._cumsum32``: the running sums of ``h`` in float64, left to right, each rounded to float32."""
+    acc = tl.zeros([], tl.float64)
+    for i0 in range(0, n, 16):
+        for k in tl.static_range(16):
+            i = i0 + k
+            acc += tl.load(h_ptr + i, mask=i < n, other=0.0).to(tl.float64)
+            tl.store(cs_ptr + i, acc.to(tl.float32), mask=i < n)
+
+
+@triton.jit
+def _cs_counts(cs_ptr, n, thr_a, thr_b, BLOCK: tl.constexpr):
+    """``(#{i : cs_i < thr_a}, #{i : cs_i > thr_b})``."""
+    r = tl.arange(0, BLOCK)
+    below = tl.zeros([BLOCK], tl.int32)
+    above = tl.zeros([BLOCK], tl.int32)
+    for s0 in range(0, n, BLOCK):
+        i = s0 + r
+        m = i < n
+        v = tl.load(cs_ptr + i, mask=m, other=0.0)
+        below += (m & (v < thr_a)).to(tl.int32)
+        above += (m & (v > thr_b)).to(tl.int32)
+    return tl.sum(below, axis=0), tl.sum(above, axis=0)
+
+
+@triton.jit
+def _div_floor(a, b):
+    """``_l2_search._floor_div``: ``floor(a / b)`` as torch's ``div(rounding_mode="floor")`` (``b > 0``): the
+    rounded quotient floored, lowered by one where ``q * b > a`` in float64; NaN for an infinite ``a``."""
+    q = tl.floor(tl.div_rn(a, b))
+    q = q - (q.to(tl.float64) * b.to(tl.float64) > a.to(tl.float64)).to(tl.float32)
+    return tl.where(tl.abs(a) == float("inf"), float("nan"), q)
+
+
+@triton.jit
+def _l2_error(hist_ptr, n, start, end, bin_width, dst_nbins, top, row_ptr, lvl_ptr, BLOCK: tl.constexpr,
+              LANES: tl.constexpr):
+    """``_l2_search._errors`` of the candidate ``(start, end)`` (``bin_width`` float64): the per-bin errors in
+    its float32 operations into ``row``, summed in :func:`_sum32`'s order; 0 where the levels have zero width."""
+    dst64 = bin_width * (end - start + 1).to(tl.float64) / dst_nbins
+    out = tl.zeros([], tl.float32)
+    if dst64 != 0.0:
+        nan = tl.PropagateNan.ALL
+        dst = dst64.to(tl.float32)
+        half = (dst64 / 2.0).to(tl.float32)
+        neg_half = -half
+        w32 = bin_width.to(tl.float32)
+        half3 = half * half * half
+        neg_half3 = neg_half * neg_half * neg_half
+        inner = tl.div_rn(half3 - neg_half3, 3.0)
+        r = tl.arange(0, BLOCK)
+        tl.debug_barrier()  # (the previous sum has read row and the scratch)
+        for s0 in range(0, n, BLOCK):
+            i = s0 + r
+            m = i < n
+            begin = (i - start).to(tl.float32) * w32
+            stop = begin + w32
+            p = tl.minimum(tl.maximum(_div_floor(begin, dst), 0.0, propagate_nan=nan), top, propagate_nan=nan)
+            q = tl.minimum(tl.maximum(_div_floor(stop, dst), 0.0, propagate_nan=nan), top, propagate_nan=nan)
+            density = tl.div_rn(tl.load(hist_ptr + i, mask=m, other=0.0), w32)
+            db = begin - (p + 0.5) * dst
+            norm = density * tl.div_rn(half3 - db * db * db, 3.0)
+            norm = norm + ((q - p) - 1.0) * (density * inner)
+            de = stop - (q * dst + half)
+            norm = norm + density * tl.div_rn(de * de * de - neg_half3, 3.0)
+            tl.store(row_ptr + i, norm, mask=m)
+        tl.debug_barrier()
+        out = _sum32(row_ptr, n, lvl_ptr, LANES)
+    return out
+
+
+@triton.jit
+def _round_half_even(x):
+    """``torch.round`` of float32 ``x`` (ties to even)."""
+    f = tl.floor(x)
+    d = x - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
+    return tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
+
+
+@triton.jit
+def _l2_search_kernel(hist_ptr, n, smin_ptr, smax_ptr, alphas_ptr, betas_ptr, nbeta, cs_ptr, row_ptr, lvl_ptr,
+                      dst_nbins, top, eps, eps_ptr, qrange, qmin, qmax, zp_sym, range_out, scale_out, zp_out,
+                      flags_out, EMPTY_AS_ZERO: tl.constexpr, QPARAMS: tl.constexpr, SYMMETRIC: tl.constexpr,
+                      EPS_PTR: tl.constexpr, BLOCK: tl.constexpr, LANES: tl.constexpr, BSTEPS: tl.constexpr):
+    """One program: :func:`check_histogram`'s flags, torch's greedy L2 search (``_l2_search._search_bins``),
+    the range found and (``QPARAMS``) ``calculate_qparams`` of it.
+
+    The search runs torch's loop itself, one candidate per iteration: at step counts ``(a, b)`` the start
+    bound ``l`` is the first bin whose running sum reaches ``alpha_{a+1} * total`` and the end bound ``r``
+    the last one not above ``beta_{b+1} * total`` (clamped into ``[start, end]``, counts over ``cs``);
+    a start step when ``l - start > end - r``, else an end step. A step that moves nothing (``l = start``,
+    ``r = end``: an end step) is skipped with all those after it up to the first ``b`` whose threshold falls
+    below ``cs[end]`` (binary search over the ``beta`` table). Each move's error is evaluated
+    (:func:`_l2_error`); the loop stops at the first rise, when the bounds meet or when ``alpha >= beta``."""
+    smin = tl.load(smin_ptr)
+    smax = tl.load(smax_ptr)
+    empty = (smin == float("inf")) & (smax == -float("inf"))
+    lo = smin
+    hi = smax
+    if EMPTY_AS_ZERO:
+        lo = tl.where(empty, 0.0, smin)
+        hi = tl.where(empty, 0.0, smax)
+    r = tl.arange(0, BLOCK)
+    bad = tl.zeros([BLOCK], tl.int32)
+    for s0 in range(0, n, BLOCK):
+        h = tl.load(hist_ptr + s0 + r, mask=s0 + r < n, other=0.0)
+        bad += (~((h >= 0.0) & _finite(h))).to(tl.int32)
+    counts_ok = tl.sum(bad, axis=0) == 0
+    finite = ~((tl.abs(lo) == float("inf")) | (tl.abs(hi) == float("inf")))
+    ordered = ~(lo > hi)
+    start = tl.zeros([], tl.int32)
+    bins = start + n  # (n as a tensor: triton passes n == 1 as a constant)
+    end = bins - 1
+    if counts_ok & finite & ordered:
+        _cumsum32(hist_ptr, n, cs_ptr)
+        total = _sum32(hist_ptr, n, lvl_ptr, LANES).to(tl.float64)
+        bin_width = (hi.to(tl.float64) - lo.to(tl.float64)) / bins.to(tl.float64)
+        a = tl.zeros([], tl.int32)
+        b = tl.zeros([], tl.int32)
+        prev = tl.full([], float("inf"), tl.float32)
+        going = (start < end) & (tl.load(alphas_ptr) < tl.load(betas_ptr))
+        while going:
+            thr_a = (tl.load(alphas_ptr + a + 1) * total).to(tl.float32)
+            thr_b = (tl.load(betas_ptr + b + 1) * total).to(tl.float32)
+            below, above = _cs_counts(cs_ptr, n, thr_a, thr_b, BLOCK)
+            left = tl.minimum(tl.maximum(below, start), end)
+            right = tl.minimum(tl.maximum(n - above - 1, start), end)
+            to_start = (left - start) > (end - right)
+            if to_start | (right != end):
+                new_start = tl.where(to_start, left, start)
+                new_end = tl.where(to_start, end, right)
+                a = tl.where(to_start, a + 1, a)
+                b = tl.where(to_start, b, b + 1)
+                norm = _l2_error(hist_ptr, n, new_start, new_end, bin_width, dst_nbins, top, row_ptr, lvl_ptr, BLOCK,
+                                 LANES)
+                rise = norm > prev
+                start = tl.where(rise, start, new_start)
+                end = tl.where(rise, end, new_end)
+                prev = norm
+            else:  # no move until the first b whose threshold beta_{b+1} * total falls below cs[end]
+                cs_end = tl.load(cs_ptr + end)
+                lo_b = tl.zeros([], tl.int32)
+                hi_b = lo_b + nbeta
+                for _ in tl.static_range(BSTEPS):  # #{b : float32(beta_b * total) >= cs[end]}
+                    active = lo_b < hi_b
+                    mid = (lo_b + hi_b) // 2
+                    ge = (tl.load(betas_ptr + mid, mask=active, other=0.0) * total).to(tl.float32) >= cs_end
+                    lo_b = tl.where(active & ge, mid + 1, lo_b)
+                    hi_b = tl.where(active & ~ge, mid, hi_b)
+                b = tl.maximum(b + 1, lo_b - 1)
+                rise = start > end  # (False)
+            going = ~rise & (start < end) & (tl.load(alphas_ptr + a) < tl.load(betas_ptr + b))
+    width = tl.div_rn(hi - lo, bins.to(tl.float32))
+    new_min = lo + width * start.to(tl.float32)
+    new_max = lo + width * (end + 1).to(tl.float32)
+    tl.store(range_out, new_min)
+    tl.store(range_out + 1, new_max)
+    if QPARAMS:  # _qparams._calculate_qparams of the range (the state's own where it is empty)
+        nan = tl.PropagateNan.ALL
+        v_min = tl.where(empty, smin, new_min)
+        v_max = tl.where(empty, smax, new_max)
+        invalid = v_min > v_max  # (an empty state): scale 1, zero point 0
+        if EPS_PTR:
+            e = tl.load(eps_ptr)
+        else:
+            e = eps
+        min_neg = tl.minimum(v_min, 0.0, propagate_nan=nan)
+        max_pos = tl.maximum(v_max, 0.0, propagate_nan=nan)
+        if SYMMETRIC:
+            max_pos = tl.maximum(-min_neg, max_pos, propagate_nan=nan)
+            scale = tl.maximum(tl.div_rn(max_pos, qrange), e, propagate_nan=nan)
+            zp = tl.zeros([], tl.int64) + zp_sym
+        else:
+            scale = tl.maximum(tl.div_rn(max_pos - min_neg, qrange), e, propagate_nan=nan)
+            rq = _round_half_even(tl.div_rn(min_neg, scale))
+            # float -> int32 as on x86 (NaN and out-of-range values: INT32_MIN), not the GPU's saturation
+            ri = tl.where((rq >= -2147483648.0) & (rq < 2147483648.0), rq, -2147483648.0).to(tl.int32)
+            zp = tl.minimum(tl.maximum(qmin - ri, qmin), qmax)
+        tl.store(scale_out, tl.where(invalid, 1.0, scale))
+        tl.store(zp_out, tl.where(invalid, 0, zp))
+    tl.store(flags_out, counts_ok.to(tl.float64))
+    tl.store(flags_out + 1, finite.to(tl.float64))
+    tl.store(flags_out + 2, ordered.to(tl.float64))
+    tl.store(flags_out + 3, empty.to(tl.float64))
+    tl.store(flags_out + 4, ((smin != smin) | (smax != smax)).to(tl.float64))
+    tl.store(flags_out + 5, lo.to(tl.float64))
+    tl.store(flags_out + 6, hi.to(tl.float64))
+
+
+def l2_search(hist: torch.Tensor, min_val: torch.Tensor, max_val: torch.Tensor, dst_nbins: int, alphas: torch.Tensor,
+              betas: torch.Tensor, *, qparams: dict | None = None) -> tuple[torch.Tensor, ...]:
+    """``_l2_search`` on the torch CUDA path in one kernel: ``(range, scale, zero_point, flags)`` as new tensors:
+    ``range = [new_min, new_max]`` (float32) of the search on ``[min_val, max_val]`` (float32 0-d; float32
+    ``hist``), and ``flags = [counts ok, range finite, ordered, empty, NaN, lo, hi]`` (float64:
+    :func:`check_histogram`'s checks, read on the host at once). ``alphas``, ``betas``: the walk tables
+    (float64, on the device). With ``qparams`` (``symmetric``, ``quant_min``, ``quant_max``, ``zero_point``,
+    ``eps``: a float or a float32 tensor read on the device), an empty state searches ``[0, 0]`` and the
+    qparams of the range found are computed too (scale ``(1,)`` float32, zero point ``(1,)`` int32, int64
+    when symmetric); else ``scale`` and ``zero_point`` are None."""
+    n = hist.shape[0]
+    device = hist.device
+    hist = hist.contiguous()
+    lanes = 8 if n >= 8 else 1
+    block = max(16, min(triton.next_power_of_2(n), _block(hist)))
+    f32 = torch.float32
+    cs = torch.empty(n, dtype=f32, device=device)
+    row = torch.empty(n, dtype=f32, device=device)
+    lvl = torch.empty(n // 8 + 64, dtype=f32, device=device)
+    out = torch.empty(2, dtype=f32, device=device)
+    flags = torch.empty(7, dtype=torch.float64, device=device)
+    q = qparams or {}
+    symmetric = bool(q.get("symmetric", False))
+    eps = q.get("eps", 1.0)
+    eps_ptr = eps if isinstance(eps, torch.Tensor) else out
+    scale = torch.empty(1, dtype=f32, device=device)
+    zero_point = torch.empty(1, dtype=torch.int64 if symmetric else torch.int32, device=device)
+    qrange = float(q.get("quant_max", 1) - q.get("quant_min", 0))
+    launch(_l2_search_kernel, (1,), hist, n, min_val, max_val, alphas, betas, betas.shape[0], cs, row, lvl,
+           float(dst_nbins), float(dst_nbins - 1), 1.0 if isinstance(eps, torch.Tensor) else float(eps), eps_ptr,
+           qrange / 2 if symmetric else qrange, int(q.get("quant_min", 0)), int(q.get("quant_max", 0)),
+           int(q.get("zero_point", 0)), out, scale, zero_point, flags, EMPTY_AS_ZERO=qparams is not None,
+           QPARAMS=qparams is not None, SYMMETRIC=symmetric, EPS_PTR=isinstance(eps, torch.Tensor), BLOCK=block,
+           LANES=lanes, BSTEPS=max(1, math.ceil(math.log2(betas.shape[0] + 1))))
+    if qparams is None:
+        return out, None, None, flags
+    return out, scale, zero_point, flags

@@ -74,6 +74,9 @@ _NO_LAUNCH = frozenset({
 })  # fmt: skip
 #: aten operations that read device data on the host (a synchronisation on a GPU)
 _SYNCS = frozenset({"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "tolist"})
+#: tensor methods that read device data on the host without an aten operation torch dispatches for a CPU
+#: tensor (on CUDA they copy to the host): counted as one synchronisation each on the CUDA path
+_UNDISPATCHED_READS = ("tolist", "cpu", "numpy")
 
 
 @contextlib.contextmanager
@@ -81,7 +84,9 @@ def count_launches() -> Iterator[LaunchCount]:
     """Counts, inside the block, the kernels a GPU would launch: every aten operation that launches one
     (views, ``empty`` and other metadata-only operations are not counted; see ``_NO_LAUNCH``), plus each
     Triton kernel launch (the aten operations Triton's interpreter runs inside a launch are not counted),
-    and the host synchronisations (``_local_scalar_dense`` and the like: reads of device data). Works on
+    and the host synchronisations (``_local_scalar_dense`` and the like: reads of device data; also
+    ``tolist()``, ``cpu()`` and ``numpy()`` of a tensor on the CUDA path, which a CPU tensor runs without a
+    dispatched operation). Works on
     CPU tensors, with :func:`cuda_path_on_cpu` for the CUDA path; a CUDA profiler trace on a GPU is the
     truth (a copy between two devices, or an operation torch splits into several kernels, counts one)."""
     import torch
@@ -105,9 +110,22 @@ def count_launches() -> Iterator[LaunchCount]:
             count.triton[name] += 1
         inside_triton[0] += 1 if entering else -1
 
+    def reading(method: Any) -> Any:  # reads that torch does not dispatch (a CPU tensor's tolist, cpu)
+        def read(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not inside_triton[0] and _namespace.torch_cuda_path(self):
+                count.syncs += 1
+            return method(self, *args, **kwargs)
+
+        return read
+
+    originals = {name: getattr(torch.Tensor, name) for name in _UNDISPATCHED_READS}
     _namespace.LAUNCH_LISTENERS.append(on_launch)
     try:
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, reading(method))
         with _Count():
             yield count
     finally:
+        for name, method in originals.items():
+            setattr(torch.Tensor, name, method)
         _namespace.LAUNCH_LISTENERS.remove(on_launch)
