@@ -506,7 +506,7 @@ def non_linear_param_search(
     if triton_route(histogram, min_val, max_val, xp=xp):  # torch CUDA: one kernel, one host read (the check)
         with np.errstate(all="ignore"):
             hist, lo, hi = (xp.astype(a, xp.float32, copy=False) for a in (histogram, min_val, max_val))
-        found, _ = _device_search(hist, lo, hi, int(dst_nbins), xp)
+        (found, _, _), _ = _device_search(hist, lo, hi, int(dst_nbins), xp)
         return found[0], found[1]
     originals = numpy_views(xp, histogram, min_val, max_val)  # torch CPU: the same check in NumPy (cheaper)
     if originals is not None:

@@ -18,6 +18,7 @@ imported with ``TRITON_INTERPRET=1``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from typing import Any
 
@@ -71,9 +72,13 @@ def _interpreting():
     original = JITFunction.__call__
     scope = interpreter._patch_lang(_interpreting_probe)  # this module's globals hold tl and tl.core
     JITFunction.__call__ = call
+    builder = interpreter.interpreter_builder
+    options = builder.options  # int32 overflow checks: computed at every add, asserted only in debug mode
+    builder.options = dataclasses.replace(options, sanitize_overflow=options.debug)
     try:
         yield
     finally:
+        builder.options = options
         JITFunction.__call__ = original
         scope.restore()
 
@@ -642,25 +647,29 @@ def percentile_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor,
 
 
 @triton.jit
-def _cascade_level(src, size, dst, c, COLS: tl.constexpr):
-    """One level of ``_histogram._cascade_last`` for the ``COLS`` columns at once (element ``j`` of column
-    ``c`` at ``src + j * COLS + c``): the sequential sums of each 16 into ``dst`` (same layout) and the
-    sequential sum of the ``size % 16`` left over; returns ``(that sum, size // 16)``."""
+def _cascade_level(src, size, dst, COLS: tl.constexpr, GB: tl.constexpr):
+    """One level of ``_histogram._cascade_last`` for ``COLS`` columns (element ``j`` of column ``c`` at
+    ``src + j * COLS + c``): the sequential sum of each 16 into ``dst`` (same layout; ``GB`` groups of all
+    columns at a time) and the sequential sum of the ``size % 16`` left over; returns ``(that sum, size // 16)``."""
     groups = size // 16
+    c = tl.arange(0, COLS)
     left = tl.zeros([COLS], tl.float32)
     for j in range(16 * groups, size):
         left += tl.load(src + j * COLS + c)
-    for g in range(0, groups):
-        acc = tl.zeros([COLS], tl.float32)
+    t = tl.arange(0, GB * COLS)
+    for first in range(0, groups, GB):
+        g = first + t // COLS
+        m = g < groups
+        acc = tl.zeros([GB * COLS], tl.float32)
         for k in tl.static_range(16):
-            acc += tl.load(src + (16 * g + k) * COLS + c)
-        tl.store(dst + g * COLS + c, acc)
+            acc += tl.load(src + (16 * g + k) * COLS + t % COLS, mask=m, other=0.0)
+        tl.store(dst + g * COLS + t % COLS, acc, mask=m)
     tl.debug_barrier()
     return left, groups
 
 
 @triton.jit
-def _sum32(v_ptr, n, lvl_ptr, LANES: tl.constexpr):
+def _sum32(v_ptr, n, lvl_ptr, LANES: tl.constexpr, GB: tl.constexpr):
     """``_histogram.sum32`` of ``v[0:n]`` (float32, torch's CPU ``cascade_sum`` order: ``4 * LANES`` columns
     each summed in a 16-ary cascade, then the vectors left over, the columns into ``LANES`` lanes, the
     scalar tail and the lanes); ``lvl_ptr``: scratch of ``n // 8 + 64`` float32."""
@@ -668,11 +677,11 @@ def _sum32(v_ptr, n, lvl_ptr, LANES: tl.constexpr):
     c = tl.arange(0, COLS)
     nvec = n // LANES
     ilp = nvec // 4
-    l0, g0 = _cascade_level(v_ptr, ilp, lvl_ptr, c, COLS)
+    l0, g0 = _cascade_level(v_ptr, ilp, lvl_ptr, COLS, GB)
     x2 = lvl_ptr + g0 * COLS
-    l1, g1 = _cascade_level(lvl_ptr, g0, x2, c, COLS)
+    l1, g1 = _cascade_level(lvl_ptr, g0, x2, COLS, GB)
     x3 = x2 + g1 * COLS
-    l2, g2 = _cascade_level(x2, g1, x3, c, COLS)
+    l2, g2 = _cascade_level(x2, g1, x3, COLS, GB)
     rest = tl.zeros([COLS], tl.float32)
     for j in range(0, g2):
         rest += tl.load(x3 + j * COLS + c)
@@ -700,29 +709,50 @@ def _sum32(v_ptr, n, lvl_ptr, LANES: tl.constexpr):
 
 
 @triton.jit
-def _cumsum32(h_ptr, n, cs_ptr):
-    """``_l2_search._cumsum32``: the running sums of ``h`` in float64, left to right, each rounded to float32."""
-    acc = tl.zeros([], tl.float64)
-    for i0 in range(0, n, 16):
-        for k in tl.static_range(16):
-            i = i0 + k
-            acc += tl.load(h_ptr + i, mask=i < n, other=0.0).to(tl.float64)
-            tl.store(cs_ptr + i, acc.to(tl.float32), mask=i < n)
+def _cumsum32(h_ptr, n, cs_ptr, p_ptr, BLOCK: tl.constexpr):
+    """``_l2_search._cumsum32``: the running sums of ``h`` in float64, left to right, each rounded to float32
+    (``p_ptr``: float64 scratch of ``n``). Blocks of float64 prefix sums (any order) are kept when every one
+    is its predecessor plus its value, rounded once (then, by induction, they are the left-to-right sums);
+    else the sums are formed one at a time."""
+    r = tl.arange(0, BLOCK)
+    carry = tl.zeros([], tl.float64)
+    for s0 in range(0, n, BLOCK):
+        i = s0 + r
+        m = i < n
+        p = carry + tl.cumsum(tl.load(h_ptr + i, mask=m, other=0.0).to(tl.float64), axis=0)
+        tl.store(p_ptr + i, p, mask=m)
+        tl.debug_barrier()
+        carry = tl.load(p_ptr + tl.minimum(s0 + BLOCK, n) - 1)
+    bad = tl.zeros([BLOCK], tl.int32)
+    for s0 in range(0, n, BLOCK):
+        i = s0 + r
+        m = i < n
+        x = tl.load(h_ptr + i, mask=m, other=0.0).to(tl.float64)
+        before = tl.load(p_ptr + i - 1, mask=m & (i > 0), other=0.0)
+        p = tl.load(p_ptr + i, mask=m, other=0.0)
+        bad += (m & (before + x != p)).to(tl.int32)
+        tl.store(cs_ptr + i, p.to(tl.float32), mask=m)
+    if tl.sum(bad, axis=0) > 0:
+        acc = tl.zeros([], tl.float64)
+        for i0 in range(0, n, 16):
+            for k in tl.static_range(16):
+                j = i0 + k
+                acc += tl.load(h_ptr + j, mask=j < n, other=0.0).to(tl.float64)
+                tl.store(cs_ptr + j, acc.to(tl.float32), mask=j < n)
+    tl.debug_barrier()
 
 
 @triton.jit
 def _cs_counts(cs_ptr, n, thr_a, thr_b, BLOCK: tl.constexpr):
     """``(#{i : cs_i < thr_a}, #{i : cs_i > thr_b})``."""
     r = tl.arange(0, BLOCK)
-    below = tl.zeros([BLOCK], tl.int32)
-    above = tl.zeros([BLOCK], tl.int32)
+    below = tl.zeros([], tl.int32)
+    above = tl.zeros([], tl.int32)
     for s0 in range(0, n, BLOCK):
-        i = s0 + r
-        m = i < n
-        v = tl.load(cs_ptr + i, mask=m, other=0.0)
-        below += (m & (v < thr_a)).to(tl.int32)
-        above += (m & (v > thr_b)).to(tl.int32)
-    return tl.sum(below, axis=0), tl.sum(above, axis=0)
+        v = tl.load(cs_ptr + s0 + r, mask=s0 + r < n, other=float("nan"))  # (NaN: neither)
+        below += tl.sum((v < thr_a).to(tl.int32), axis=0)
+        above += tl.sum((v > thr_b).to(tl.int32), axis=0)
+    return below, above
 
 
 @triton.jit
@@ -736,7 +766,7 @@ def _div_floor(a, b):
 
 @triton.jit
 def _l2_error(hist_ptr, n, start, end, bin_width, dst_nbins, top, row_ptr, lvl_ptr, BLOCK: tl.constexpr,
-              LANES: tl.constexpr):
+              LANES: tl.constexpr, GB: tl.constexpr):
     """``_l2_search._errors`` of the candidate ``(start, end)`` (``bin_width`` float64): the per-bin errors in
     its float32 operations into ``row``, summed in :func:`_sum32`'s order; 0 where the levels have zero width."""
     dst64 = bin_width * (end - start + 1).to(tl.float64) / dst_nbins
@@ -767,7 +797,7 @@ def _l2_error(hist_ptr, n, start, end, bin_width, dst_nbins, top, row_ptr, lvl_p
             norm = norm + density * tl.div_rn(de * de * de - neg_half3, 3.0)
             tl.store(row_ptr + i, norm, mask=m)
         tl.debug_barrier()
-        out = _sum32(row_ptr, n, lvl_ptr, LANES)
+        out = _sum32(row_ptr, n, lvl_ptr, LANES, GB)
     return out
 
 
@@ -781,10 +811,37 @@ def _round_half_even(x):
 
 
 @triton.jit
-def _l2_search_kernel(hist_ptr, n, smin_ptr, smax_ptr, alphas_ptr, betas_ptr, nbeta, cs_ptr, row_ptr, lvl_ptr,
+def _end_count(betas_ptr, nbeta, cs_end, total, BSTEPS: tl.constexpr):
+    """``#{b : float32(beta_b * total) >= cs_end}`` (a prefix of the ``nbeta`` steps, the thresholds falling
+    with ``b``): counted over the 8 steps from 3 before ``(1 - cs_end / total) * 1e5`` (``beta_b`` is within
+    1e-11 of ``1 - b * 1e-5``) when the steps either side confirm it, else by binary search."""
+    est = tl.floor((1.0 - cs_end.to(tl.float64) / total) * 1e5)
+    est = tl.where(tl.abs(est) < float("inf"), est, 0.0)  # (NaN: 0)
+    base = tl.minimum(tl.maximum(est - 3.0, 0.0), (nbeta - 1).to(tl.float64)).to(tl.int32)
+    w = base + tl.arange(0, 8)
+    inside = (tl.load(betas_ptr + w, mask=w < nbeta, other=0.0) * total).to(tl.float32) >= cs_end
+    count = base + tl.sum((inside & (w < nbeta)).to(tl.int32), axis=0)
+    before = (tl.load(betas_ptr + base - 1, mask=base > 0, other=0.0) * total).to(tl.float32) >= cs_end
+    after = (tl.load(betas_ptr + base + 8, mask=base + 8 < nbeta, other=0.0) * total).to(tl.float32) >= cs_end
+    if ~((base == 0) | before) | ((base + 8 < nbeta) & after):
+        lo_b = tl.zeros([], tl.int32)
+        hi_b = lo_b + nbeta
+        for _ in tl.static_range(BSTEPS):
+            active = lo_b < hi_b
+            mid = (lo_b + hi_b) // 2
+            ge = (tl.load(betas_ptr + mid, mask=active, other=0.0) * total).to(tl.float32) >= cs_end
+            lo_b = tl.where(active & ge, mid + 1, lo_b)
+            hi_b = tl.where(active & ~ge, mid, hi_b)
+        count = lo_b
+    return count
+
+
+@triton.jit
+def _l2_search_kernel(hist_ptr, n, smin_ptr, smax_ptr, alphas_ptr, betas_ptr, nbeta, cs_ptr, p_ptr, row_ptr, lvl_ptr,
                       dst_nbins, top, eps, eps_ptr, qrange, qmin, qmax, zp_sym, range_out, scale_out, zp_out,
                       flags_out, EMPTY_AS_ZERO: tl.constexpr, QPARAMS: tl.constexpr, SYMMETRIC: tl.constexpr,
-                      EPS_PTR: tl.constexpr, BLOCK: tl.constexpr, LANES: tl.constexpr, BSTEPS: tl.constexpr):
+                      EPS_PTR: tl.constexpr, BLOCK: tl.constexpr, LANES: tl.constexpr, GB: tl.constexpr,
+                      BSTEPS: tl.constexpr):
     """One program: :func:`check_histogram`'s flags, torch's greedy L2 search (``_l2_search._search_bins``),
     the range found and (``QPARAMS``) ``calculate_qparams`` of it.
 
@@ -815,8 +872,8 @@ def _l2_search_kernel(hist_ptr, n, smin_ptr, smax_ptr, alphas_ptr, betas_ptr, nb
     bins = start + n  # (n as a tensor: triton passes n == 1 as a constant)
     end = bins - 1
     if counts_ok & finite & ordered:
-        _cumsum32(hist_ptr, n, cs_ptr)
-        total = _sum32(hist_ptr, n, lvl_ptr, LANES).to(tl.float64)
+        _cumsum32(hist_ptr, n, cs_ptr, p_ptr, BLOCK)
+        total = _sum32(hist_ptr, n, lvl_ptr, LANES, GB).to(tl.float64)
         bin_width = (hi.to(tl.float64) - lo.to(tl.float64)) / bins.to(tl.float64)
         a = tl.zeros([], tl.int32)
         b = tl.zeros([], tl.int32)
@@ -829,29 +886,25 @@ def _l2_search_kernel(hist_ptr, n, smin_ptr, smax_ptr, alphas_ptr, betas_ptr, nb
             left = tl.minimum(tl.maximum(below, start), end)
             right = tl.minimum(tl.maximum(n - above - 1, start), end)
             to_start = (left - start) > (end - right)
-            if to_start | (right != end):
+            if ~to_start & (right == end):  # no move: skip to the first b whose beta_{b+1} * total < cs[end]
+                b = tl.maximum(b + 1, _end_count(betas_ptr, nbeta, tl.load(cs_ptr + end), total, BSTEPS) - 1)
+                thr_b = (tl.load(betas_ptr + b + 1, mask=b + 1 < nbeta, other=0.0) * total).to(tl.float32)
+                _, above = _cs_counts(cs_ptr, n, thr_a, thr_b, BLOCK)
+                right = tl.minimum(tl.maximum(n - above - 1, start), end)  # (left = start: an end step)
+            rise = ~(tl.load(alphas_ptr + a) < tl.load(betas_ptr + b))  # (the loop's end)
+            if ~rise:
                 new_start = tl.where(to_start, left, start)
                 new_end = tl.where(to_start, end, right)
                 a = tl.where(to_start, a + 1, a)
                 b = tl.where(to_start, b, b + 1)
-                norm = _l2_error(hist_ptr, n, new_start, new_end, bin_width, dst_nbins, top, row_ptr, lvl_ptr, BLOCK,
-                                 LANES)
+                norm = prev  # after a NaN error nothing rises again: the walk goes on without errors
+                if prev == prev:
+                    norm = _l2_error(hist_ptr, n, new_start, new_end, bin_width, dst_nbins, top, row_ptr, lvl_ptr,
+                                     BLOCK, LANES, GB)
                 rise = norm > prev
                 start = tl.where(rise, start, new_start)
                 end = tl.where(rise, end, new_end)
                 prev = norm
-            else:  # no move until the first b whose threshold beta_{b+1} * total falls below cs[end]
-                cs_end = tl.load(cs_ptr + end)
-                lo_b = tl.zeros([], tl.int32)
-                hi_b = lo_b + nbeta
-                for _ in tl.static_range(BSTEPS):  # #{b : float32(beta_b * total) >= cs[end]}
-                    active = lo_b < hi_b
-                    mid = (lo_b + hi_b) // 2
-                    ge = (tl.load(betas_ptr + mid, mask=active, other=0.0) * total).to(tl.float32) >= cs_end
-                    lo_b = tl.where(active & ge, mid + 1, lo_b)
-                    hi_b = tl.where(active & ~ge, mid, hi_b)
-                b = tl.maximum(b + 1, lo_b - 1)
-                rise = start > end  # (False)
             going = ~rise & (start < end) & (tl.load(alphas_ptr + a) < tl.load(betas_ptr + b))
     width = tl.div_rn(hi - lo, bins.to(tl.float32))
     new_min = lo + width * start.to(tl.float32)
@@ -877,8 +930,9 @@ def _l2_search_kernel(hist_ptr, n, smin_ptr, smax_ptr, alphas_ptr, betas_ptr, nb
             scale = tl.maximum(tl.div_rn(max_pos - min_neg, qrange), e, propagate_nan=nan)
             rq = _round_half_even(tl.div_rn(min_neg, scale))
             # float -> int32 as on x86 (NaN and out-of-range values: INT32_MIN), not the GPU's saturation
-            ri = tl.where((rq >= -2147483648.0) & (rq < 2147483648.0), rq, -2147483648.0).to(tl.int32)
-            zp = tl.minimum(tl.maximum(qmin - ri, qmin), qmax)
+            ri = tl.where((rq >= -2147483648.0) & (rq < 2147483648.0), rq, -2147483648.0).to(tl.int64)
+            d = ((qmin - ri + 2147483648) & 4294967295) - 2147483648  # quant_min - ri in int32, wrapping
+            zp = tl.minimum(tl.maximum(d, qmin), qmax).to(tl.int32)
         tl.store(scale_out, tl.where(invalid, 1.0, scale))
         tl.store(zp_out, tl.where(invalid, 0, zp))
     tl.store(flags_out, counts_ok.to(tl.float64))
@@ -907,6 +961,7 @@ def l2_search(hist: torch.Tensor, min_val: torch.Tensor, max_val: torch.Tensor, 
     block = max(16, min(triton.next_power_of_2(n), _block(hist)))
     f32 = torch.float32
     cs = torch.empty(n, dtype=f32, device=device)
+    prefix = torch.empty(n, dtype=torch.float64, device=device)
     row = torch.empty(n, dtype=f32, device=device)
     lvl = torch.empty(n // 8 + 64, dtype=f32, device=device)
     out = torch.empty(2, dtype=f32, device=device)
@@ -918,12 +973,13 @@ def l2_search(hist: torch.Tensor, min_val: torch.Tensor, max_val: torch.Tensor, 
     scale = torch.empty(1, dtype=f32, device=device)
     zero_point = torch.empty(1, dtype=torch.int64 if symmetric else torch.int32, device=device)
     qrange = float(q.get("quant_max", 1) - q.get("quant_min", 0))
-    launch(_l2_search_kernel, (1,), hist, n, min_val, max_val, alphas, betas, betas.shape[0], cs, row, lvl,
+    launch(_l2_search_kernel, (1,), hist, n, min_val, max_val, alphas, betas, betas.shape[0], cs, prefix, row, lvl,
            float(dst_nbins), float(dst_nbins - 1), 1.0 if isinstance(eps, torch.Tensor) else float(eps), eps_ptr,
            qrange / 2 if symmetric else qrange, int(q.get("quant_min", 0)), int(q.get("quant_max", 0)),
            int(q.get("zero_point", 0)), out, scale, zero_point, flags, EMPTY_AS_ZERO=qparams is not None,
            QPARAMS=qparams is not None, SYMMETRIC=symmetric, EPS_PTR=isinstance(eps, torch.Tensor), BLOCK=block,
-           LANES=lanes, BSTEPS=max(1, math.ceil(math.log2(betas.shape[0] + 1))))
+           LANES=lanes, GB=min(64, triton.next_power_of_2(max(1, n // lanes // 64))),
+           BSTEPS=max(1, math.ceil(math.log2(betas.shape[0] + 1))))
     if qparams is None:
         return out, None, None, flags
     return out, scale, zero_point, flags

@@ -13,6 +13,7 @@ a hypothesis test then draws random sequences of the adversarial batch kinds
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -114,3 +115,151 @@ def test_cuda_path_on_cpu_switches_the_one_predicate_and_restores_it():
     with pytest.raises(RuntimeError), cuda_path_on_cpu():
         raise RuntimeError("restored on errors too")
     assert not torch_cuda_path(x)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# HistogramObserver.calculate_qparams: the L2 search kernel (_triton_kernels.l2_search) against the host path
+# and the array code of the device path (OBSERVERS_CORE_NO_TRITON's route)
+
+
+@contextlib.contextmanager
+def _array_code():
+    """Inside: the torch CUDA path runs the array code (no Triton kernel), as with OBSERVERS_CORE_NO_TRITON=1."""
+    from observers_core import _namespace
+
+    original = _namespace._triton_available
+    _namespace._triton_available = lambda: False
+    try:
+        yield
+    finally:
+        _namespace._triton_available = original
+
+
+def _outcome(call) -> tuple:
+    """``(result as NumPy arrays, or the exception's type name; the warnings' messages)``."""
+    with warnings.catch_warnings(record=True) as caught, np.errstate(all="ignore"):
+        warnings.simplefilter("always")
+        try:
+            result = tuple(np.asarray(v).copy() for v in call())
+        except (ValueError, TypeError) as err:
+            result = type(err).__name__
+    return result, [str(w.message) for w in caught]
+
+
+def _assert_three_paths_agree(call, what: str, *, kernel_runs: bool = True) -> None:
+    """``call()`` on the host path, on the torch CUDA path (the kernel, through the interpreter) and on its
+    array code: the same results bit for bit (or the same exception), the same warnings."""
+    from observers_core.testing import count_launches
+
+    host = _outcome(call)
+    with cuda_path_on_cpu():
+        with count_launches() as counted:
+            kernel = _outcome(call)
+        with _array_code():
+            array = _outcome(call)
+    if kernel_runs:
+        assert counted.triton["_l2_search_kernel"] == 1, (what, counted)
+    for name, got in (("kernel", kernel), ("array code", array)):
+        if isinstance(host[0], str) or isinstance(got[0], str):
+            assert got[0] == host[0], f"{what}: host {host[0]!r}, {name} {got[0]!r}"
+        else:
+            assert len(got[0]) == len(host[0])
+            for g, h in zip(got[0], host[0]):
+                assert g.dtype == h.dtype and g.shape == h.shape, (what, name, g, h)
+                np.testing.assert_array_equal(g, h, err_msg=f"{what}: {name}")
+        assert got[1] == host[1], f"{what}: warnings of the {name}: {got[1]} != {host[1]}"
+
+
+@pytest.mark.parametrize("sequence", list(sequences()))
+def test_histogram_qparams_device_paths_equal_host(sequence):
+    """The fixed sequences (forwards on the host), then calculate_qparams on the three paths."""
+    obs = tobs.HistogramObserver(ignore_nonfinite=sequence != "nan")
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        for x in sequences()[sequence]:
+            obs(x)
+    _assert_three_paths_agree(obs.calculate_qparams, sequence)
+
+
+_OBSERVER_KWARGS = [
+    {}, dict(ignore_nonfinite=True), dict(dtype=torch.qint8, qscheme=torch.per_tensor_symmetric),
+    dict(bins=7, reduce_range=True), dict(bins=64, dtype=torch.qint8), dict(bins=3000, quant_min=0, quant_max=15),
+]
+
+
+@settings(max_examples=_FUZZ_EXAMPLES or 10, derandomize=not _FUZZ_EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_histogram_qparams_device_paths_equal_host_on_adversarial_batches(data):
+    """One to four batches of the adversarial kinds (forwards on the host), an observer configuration,
+    then calculate_qparams on the three paths."""
+    kwargs = data.draw(st.sampled_from(_OBSERVER_KWARGS), label="observer")
+    steps = data.draw(st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 2**16),
+                                         st.sampled_from(["float32", "float32", "float64", "float16", "int8"])),
+                               min_size=1, max_size=4), label="batches")
+    obs = tobs.HistogramObserver(**kwargs)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        for kind, seed, dtype in steps:
+            obs(torch.from_numpy(make_batch(kind, seed, (4, 32), dtype, ch_axis=1)))
+    _assert_three_paths_agree(obs.calculate_qparams, f"{kwargs} {steps}")
+
+
+def _histogram(kind: str, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == "counts":
+        return (rng.poisson(rng.uniform(0, 40), n) * (rng.random(n) < 0.7)).astype(np.float32)
+    if kind == "bell":
+        return (np.exp(-((np.arange(n) - rng.uniform(0, n)) / max(1.0, n / 30)) ** 2) * 1e4).astype(np.float32)
+    if kind == "fractions":  # re-binned counts: multiples of 1/16 and below
+        return (rng.integers(0, 4000, n) / 16.0 / rng.choice([1.0, 16.0, 256.0], n)).astype(np.float32)
+    if kind == "spike":
+        h = np.zeros(n, np.float32)
+        h[rng.integers(0, n)] = rng.uniform(1, 1e6)
+        return h
+    if kind == "huge_then_ones":  # float64 running sums that round: the kernel's one-at-a-time cumsum
+        h = np.ones(n, np.float32)
+        h[0] = 2.0**60
+        return h
+    if kind == "zeros":
+        return np.zeros(n, np.float32)
+    if kind == "negative":
+        h = np.ones(n, np.float32)
+        h[rng.integers(0, n)] = -1.0
+        return h
+    h = np.ones(n, np.float32)  # "nan"
+    h[rng.integers(0, n)] = np.nan
+    return h
+
+
+_RANGES = {
+    "unit": (-1.0, 1.0), "positive": (0.5, 3.0), "point": (2.0, 2.0), "tiny": (1e-30, 1.0000001e-30),
+    "wide": (-3e38, 3e38), "huge": (-1e38, 2e38), "empty": (np.inf, -np.inf), "nan": (np.nan, np.nan),
+    "infinite": (-np.inf, 1.0), "decreasing": (1.0, -1.0),
+}
+
+
+@settings(max_examples=_FUZZ_EXAMPLES or 16, derandomize=not _FUZZ_EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_histogram_qparams_and_search_of_drawn_states(data):
+    """The core functions (histogram_qparams, non_linear_param_search) of drawn histogram states: counts,
+    fractions, a single spike, zeros, float64 sums that round, invalid counts; ranges from a point to
+    float32's span, empty, NaN, infinite and decreasing; affine and symmetric specs, 1 to 3000 bins."""
+    import observers_core as oc
+
+    n = data.draw(st.sampled_from([1, 2, 7, 8, 33, 256, 2048, 3000]), label="bins")
+    kind = data.draw(st.sampled_from(["counts", "bell", "fractions", "spike", "huge_then_ones", "zeros",
+                                      "negative", "nan"]), label="counts")
+    rng_name = data.draw(st.sampled_from(list(_RANGES)), label="range")
+    spec = data.draw(st.sampled_from([
+        oc.quant_spec("quint8"), oc.quant_spec("qint8", "per_tensor_symmetric"),
+        oc.quant_spec("quint8", "per_tensor_symmetric", reduce_range=True),
+        oc.quant_spec("int16"), oc.quant_spec("qint32", quant_min=-(2**31), quant_max=2**31 - 1),
+    ]), label="spec")
+    hist = torch.from_numpy(_histogram(kind, n, data.draw(st.integers(0, 2**16), label="seed")))
+    lo, hi = (torch.tensor(v, dtype=torch.float32) for v in _RANGES[rng_name])
+    state = oc.HistogramState(hist, lo, hi)
+    what = f"{n} bins, {kind}, {rng_name}, {spec}"
+    _assert_three_paths_agree(lambda: oc.histogram_qparams(state, spec), what)
+    _assert_three_paths_agree(lambda: oc.non_linear_param_search(hist, lo, hi, dst_nbins=256), what)
