@@ -711,9 +711,8 @@ def _sum32(v_ptr, n, lvl_ptr, LANES: tl.constexpr, GB: tl.constexpr):
 @triton.jit
 def _cumsum32(h_ptr, n, cs_ptr, p_ptr, BLOCK: tl.constexpr):
     """``_l2_search._cumsum32``: the running sums of ``h`` in float64, left to right, each rounded to float32
-    (``p_ptr``: float64 scratch of ``n``). Blocks of float64 prefix sums (any order) are kept when every one
-    is its predecessor plus its value, rounded once (then, by induction, they are the left-to-right sums);
-    else the sums are formed one at a time."""
+    (``p_ptr``: float64 scratch of ``n``): float64 prefix sums by blocks (a scan: any order), then
+    :func:`_checked_cumsum`."""
     r = tl.arange(0, BLOCK)
     carry = tl.zeros([], tl.float64)
     for s0 in range(0, n, BLOCK):
@@ -723,6 +722,14 @@ def _cumsum32(h_ptr, n, cs_ptr, p_ptr, BLOCK: tl.constexpr):
         tl.store(p_ptr + i, p, mask=m)
         tl.debug_barrier()
         carry = tl.load(p_ptr + tl.minimum(s0 + BLOCK, n) - 1)
+    _checked_cumsum(h_ptr, n, cs_ptr, p_ptr, BLOCK)
+
+
+@triton.jit
+def _checked_cumsum(h_ptr, n, cs_ptr, p_ptr, BLOCK: tl.constexpr):
+    """``cs = float32(p)`` where every ``p_i`` is ``p_{i-1} + h_i`` rounded once (``p_{-1} = 0``): then, by
+    induction, ``p`` holds the left-to-right float64 sums; else those sums are formed one at a time."""
+    r = tl.arange(0, BLOCK)
     bad = tl.zeros([BLOCK], tl.int32)
     for s0 in range(0, n, BLOCK):
         i = s0 + r
@@ -769,10 +776,10 @@ def _l2_error(hist_ptr, n, start, end, bin_width, dst_nbins, top, row_ptr, lvl_p
               LANES: tl.constexpr, GB: tl.constexpr):
     """``_l2_search._errors`` of the candidate ``(start, end)`` (``bin_width`` float64): the per-bin errors in
     its float32 operations into ``row``, summed in :func:`_sum32`'s order; 0 where the levels have zero width."""
+    nan: tl.constexpr = tl.PropagateNan.ALL
     dst64 = bin_width * (end - start + 1).to(tl.float64) / dst_nbins
     out = tl.zeros([], tl.float32)
     if dst64 != 0.0:
-        nan = tl.PropagateNan.ALL
         dst = dst64.to(tl.float32)
         half = (dst64 / 2.0).to(tl.float32)
         neg_half = -half
@@ -852,6 +859,7 @@ def _l2_search_kernel(hist_ptr, n, smin_ptr, smax_ptr, alphas_ptr, betas_ptr, nb
     ``r = end``: an end step) is skipped with all those after it up to the first ``b`` whose threshold falls
     below ``cs[end]`` (binary search over the ``beta`` table). Each move's error is evaluated
     (:func:`_l2_error`); the loop stops at the first rise, when the bounds meet or when ``alpha >= beta``."""
+    nan: tl.constexpr = tl.PropagateNan.ALL
     smin = tl.load(smin_ptr)
     smax = tl.load(smax_ptr)
     empty = (smin == float("inf")) & (smax == -float("inf"))
@@ -912,7 +920,6 @@ def _l2_search_kernel(hist_ptr, n, smin_ptr, smax_ptr, alphas_ptr, betas_ptr, nb
     tl.store(range_out, new_min)
     tl.store(range_out + 1, new_max)
     if QPARAMS:  # _qparams._calculate_qparams of the range (the state's own where it is empty)
-        nan = tl.PropagateNan.ALL
         v_min = tl.where(empty, smin, new_min)
         v_max = tl.where(empty, smax, new_max)
         invalid = v_min > v_max  # (an empty state): scale 1, zero point 0

@@ -239,7 +239,7 @@ _RANGES = {
 }
 
 
-@settings(max_examples=_FUZZ_EXAMPLES or 16, derandomize=not _FUZZ_EXAMPLES, deadline=None, database=None,
+@settings(max_examples=_FUZZ_EXAMPLES or 30, derandomize=not _FUZZ_EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_histogram_qparams_and_search_of_drawn_states(data):
@@ -257,9 +257,133 @@ def test_histogram_qparams_and_search_of_drawn_states(data):
         oc.quant_spec("quint8", "per_tensor_symmetric", reduce_range=True),
         oc.quant_spec("int16"), oc.quant_spec("qint32", quant_min=-(2**31), quant_max=2**31 - 1),
     ]), label="spec")
+    if rng_name in ("nan", "wide", "huge"):  # NaN errors: the walk runs to its end (~bins steps, interpreted)
+        n = min(n, 256)
     hist = torch.from_numpy(_histogram(kind, n, data.draw(st.integers(0, 2**16), label="seed")))
     lo, hi = (torch.tensor(v, dtype=torch.float32) for v in _RANGES[rng_name])
     state = oc.HistogramState(hist, lo, hi)
     what = f"{n} bins, {kind}, {rng_name}, {spec}"
     _assert_three_paths_agree(lambda: oc.histogram_qparams(state, spec), what)
     _assert_three_paths_agree(lambda: oc.non_linear_param_search(hist, lo, hi, dst_nbins=256), what)
+
+
+# the kernel's device functions one by one, through probe kernels (interpreted), against the host's arithmetic
+
+try:  # the probe kernels (module globals: a kernel sees its module's names, not a closure's)
+    import triton
+    import triton.language as tl
+
+    from observers_core import _triton_kernels as K
+except ImportError:  # the tests below skip
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _sum32_probe(v_ptr, n, lvl_ptr, out_ptr, LANES: tl.constexpr, GB: tl.constexpr):
+        tl.store(out_ptr, K._sum32(v_ptr, n, lvl_ptr, LANES, GB))
+
+    @triton.jit
+    def _errors_probe(hist_ptr, n, starts, ends, count, width_ptr, dst_nbins, top, row_ptr, lvl_ptr, out_ptr,
+                      BLOCK: tl.constexpr, LANES: tl.constexpr, GB: tl.constexpr):
+        for c in range(0, count):
+            tl.store(out_ptr + c, K._l2_error(hist_ptr, n, tl.load(starts + c), tl.load(ends + c), tl.load(width_ptr),
+                                              dst_nbins, top, row_ptr, lvl_ptr, BLOCK, LANES, GB))
+
+    @triton.jit
+    def _cumsum_probe(h_ptr, n, cs_ptr, p_ptr, BLOCK: tl.constexpr):
+        K._checked_cumsum(h_ptr, n, cs_ptr, p_ptr, BLOCK)
+
+    @triton.jit
+    def _end_count_probe(betas_ptr, nbeta, cs_ptr, total_ptr, count, out_ptr, BSTEPS: tl.constexpr):
+        for c in range(0, count):
+            tl.store(out_ptr + c, K._end_count(betas_ptr, nbeta, tl.load(cs_ptr + c), tl.load(total_ptr + c), BSTEPS))
+
+needs_triton = pytest.mark.skipif(triton is None, reason="triton is not installed")
+
+
+def _lanes_gb(n: int) -> tuple[int, int]:
+    lanes = 8 if n >= 8 else 1
+    return lanes, min(64, triton.next_power_of_2(max(1, n // lanes // 64)))
+
+
+@needs_triton
+@pytest.mark.parametrize("n", [1, 3, 7, 8, 9, 31, 32, 33, 127, 513, 2048, 2049, 8191, 40000])
+def test_kernel_sum32_adds_in_the_host_order(n):
+    """``_sum32`` against ``_histogram.sum32`` (torch's CPU order, NumPy), bit for bit, on values whose sum
+    depends on the order (mixed signs and magnitudes)."""
+    from observers_core._histogram import _numpy_namespace, sum32
+
+    rng = np.random.default_rng(n)
+    v = (rng.standard_normal(n) * 10.0 ** rng.integers(-8, 9, n)).astype(np.float32)
+    out = torch.empty(1)
+    lanes, gb = _lanes_gb(n)
+    K.launch(_sum32_probe, (1,), torch.from_numpy(v), n, torch.empty(n // 8 + 64), out, LANES=lanes, GB=gb)
+    np.testing.assert_array_equal(out.numpy()[0], sum32(v, _numpy_namespace()))
+
+
+@needs_triton
+@pytest.mark.parametrize("n, lo, hi", [(2048, -3.0, 5.0), (33, 0.0, 1e-3), (300, -2e12, 2e12), (200, -1e14, 1e14),
+                                       (64, -1e38, 2e38), (16, 1.0, 1.0)])
+def test_kernel_errors_equal_the_host_errors(n, lo, hi):
+    """``_l2_error`` of drawn candidates against the host's ``quantization_error`` (its float32 terms and
+    sum order), bit for bit, also where cubes overflow (inf, NaN) and the levels have zero width."""
+    from observers_core import quantization_error
+
+    rng = np.random.default_rng(n)
+    hist = (rng.poisson(5.0, n) * (rng.random(n) < 0.8) + rng.integers(0, 16, n) / 16).astype(np.float32)
+    starts = rng.integers(0, n, 12)
+    ends = np.minimum(starts + rng.integers(0, n, 12), n - 1)
+    width = np.asarray([(np.float64(np.float32(hi)) - np.float64(np.float32(lo))) / n])
+    out = torch.empty(12)
+    lanes, gb = _lanes_gb(n)
+    K.launch(_errors_probe, (1,), torch.from_numpy(hist), n, torch.from_numpy(starts.astype(np.int32)),
+             torch.from_numpy(ends.astype(np.int32)), 12, torch.from_numpy(width), 256.0, 255.0, torch.empty(n),
+             torch.empty(n // 8 + 64), out, BLOCK=min(4096, max(16, 1 << (n - 1).bit_length())), LANES=lanes, GB=gb)
+    expected = [quantization_error(hist, np.float32(lo), np.float32(hi), int(s), int(e), dst_nbins=256)
+                for s, e in zip(starts, ends)]
+    np.testing.assert_array_equal(out.numpy(), np.asarray(expected, np.float32))
+
+
+@needs_triton
+@pytest.mark.parametrize("prefix", ["left_to_right", "pairwise", "garbage"])
+def test_kernel_cumsum_keeps_only_left_to_right_sums(prefix):
+    """``_checked_cumsum`` gives the host's running sums (float64, left to right, then float32) whatever
+    prefix it is handed: kept when it is the left-to-right one, else summed again one at a time (on a
+    GPU the block scan adds in a tree order; here the check is fed one). The values make the orders
+    differ: 2**60 then ones."""
+    from observers_core._l2_search import _cumsum32
+    from observers_core._histogram import _numpy_namespace
+
+    n = 600
+    h = np.ones(n, np.float32)
+    h[0] = 2.0**60
+    h[300:] = np.random.default_rng(0).integers(0, 9, n - 300) / 8
+    p = {"left_to_right": np.cumsum(h.astype(np.float64)),
+         "pairwise": np.concatenate([[2.0**60], 2.0**60 + np.cumsum(h[1:].astype(np.float64))]),
+         "garbage": np.random.default_rng(1).random(n)}[prefix]
+    if prefix != "left_to_right":
+        assert not np.array_equal(p, np.cumsum(h.astype(np.float64)))  # (the fallback is what runs)
+    cs = torch.empty(n)
+    K.launch(_cumsum_probe, (1,), torch.from_numpy(h), n, cs, torch.from_numpy(p.copy()), BLOCK=256)
+    np.testing.assert_array_equal(cs.numpy(), _cumsum32(h, _numpy_namespace()))
+
+
+@needs_triton
+def test_kernel_end_count_counts_the_thresholds_reached():
+    """``_end_count`` = #{b : float32(beta_b * total) >= cs}, counted on the host, for drawn sums and totals
+    (window and binary-search paths: a zero total, sums at and beyond the total, tiny and huge totals)."""
+    import math
+
+    from observers_core._l2_search import _walk_tables
+
+    betas = _walk_tables()[1]
+    rng = np.random.default_rng(0)
+    totals = np.float32(10.0) ** rng.integers(-30, 30, 40).astype(np.float32) * rng.random(40).astype(np.float32)
+    totals[:4] = [0.0, 1.0, 3e38, 1e-40]
+    cs = (totals * rng.choice([0.0, 0.3, 0.99999, 1.0, 1.5, rng.random()], 40)).astype(np.float32)
+    totals64 = totals.astype(np.float64)
+    out = torch.empty(40, dtype=torch.int32)
+    K.launch(_end_count_probe, (1,), torch.from_numpy(betas), betas.shape[0], torch.from_numpy(cs),
+             torch.from_numpy(totals64), 40, out, BSTEPS=math.ceil(math.log2(betas.shape[0] + 1)))
+    expected = [int(np.sum((betas * t).astype(np.float32) >= c)) for c, t in zip(cs, totals64)]
+    assert out.tolist() == expected
