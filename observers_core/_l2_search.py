@@ -11,6 +11,11 @@ kernels (numba, see ``_compiled.py``) for its loops over bins: the end-bound ste
 (:func:`_end_steps`), and the errors, candidate by candidate up to the first rise; they take the first 32
 candidates first (:func:`_search_bins_compiled`). Each kernel computes the array code's operations in its
 order, bit for bit.
+
+torch tensors on the torch CUDA path (``_namespace.triton_route``) run one Triton kernel instead
+(``_triton_kernels.l2_search``: torch's loop itself, one candidate per iteration, with the qparams for
+:func:`histogram_qparams`) and one host read of its flags (:class:`DeviceRead`: the checks, and what torch's
+adapter warns about); it adds in torch's CPU order, so its range is the host path's bit for bit.
 """
 
 from __future__ import annotations
@@ -493,6 +498,7 @@ def non_linear_param_search(
     Returns ``(min_val + w * start, min_val + w * (end + 1))`` with ``w = (max_val - min_val) / bins``
     (float32, 0-d). Eagerly, :func:`check_histogram` rejects negative, NaN or infinite counts and an
     infinite or decreasing range with ``ValueError``; under ``jax.jit`` nothing is checked (no host sync).
+    On the torch CUDA path: one Triton kernel and one host read (the check's flags).
     """
     xp = array_namespace(histogram, min_val, max_val, xp=xp)
     if histogram.ndim != 1 or histogram.shape[0] < 1:
@@ -540,7 +546,8 @@ def histogram_qparams(state: HistogramState, /, spec: QuantSpec, *, xp: Any = No
     ``dst_nbins = 2**bits(spec.dtype)``, then :func:`calculate_qparams` on the range found. A state that
     has seen nothing gives ``scale = 1``, ``zero_point = 0`` (torch also warns; adapters do that).
     Per-tensor schemes and integer dtypes only, as in torch. Invalid histograms: see
-    :func:`check_histogram` (eager ``ValueError``; unchecked under ``jax.jit``)."""
+    :func:`check_histogram` (eager ``ValueError``; unchecked under ``jax.jit``). A float32 state on the
+    torch CUDA path: one Triton kernel and one host read (:func:`histogram_qparams_on_device`)."""
     check_state(state)
     xp = array_namespace(state.histogram, xp=xp)
     _check_spec(spec)
