@@ -9,6 +9,11 @@ single-valued state (also at float32's maximum) and its move onto a wider range 
 growing and unchanged ranges, +/-inf, NaN, integer and float16 batches, and ranges near float32's limit;
 a hypothesis test then draws random sequences of the adversarial batch kinds
 (``OBSERVERS_CORE_FUZZ_EXAMPLES=N``: N random examples per observer instead of the 10 fixed ones).
+
+HistogramObserver.calculate_qparams (the L2 search kernel) is compared three ways: the host path, the
+kernel and the device path's array code (``OBSERVERS_CORE_NO_TRITON``'s route), on the fixed sequences,
+adversarial batches and drawn core states; its device functions one by one against the host's arithmetic;
+and, on a CUDA machine, compiled against the host.
 """
 
 from __future__ import annotations
@@ -140,7 +145,7 @@ def _outcome(call) -> tuple:
     with warnings.catch_warnings(record=True) as caught, np.errstate(all="ignore"):
         warnings.simplefilter("always")
         try:
-            result = tuple(np.asarray(v).copy() for v in call())
+            result = tuple(np.asarray(v.cpu() if isinstance(v, torch.Tensor) else v).copy() for v in call())
         except (ValueError, TypeError) as err:
             result = type(err).__name__
     return result, [str(w.message) for w in caught]
@@ -181,6 +186,34 @@ def test_histogram_qparams_device_paths_equal_host(sequence):
         for x in sequences()[sequence]:
             obs(x)
     _assert_three_paths_agree(obs.calculate_qparams, sequence)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA device here")
+@pytest.mark.parametrize("sequence", list(sequences()))
+def test_histogram_qparams_on_cuda_equal_host(sequence):
+    """On a GPU, compiled: the same state (the forwards on the host, then moved) gives the host's qparams
+    bit for bit (the kernel adds in torch's CPU order) and the same warnings, in one kernel."""
+    from observers_core import _namespace
+    from observers_core.testing import count_launches
+
+    obs = tobs.HistogramObserver(ignore_nonfinite=sequence != "nan")
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        for x in sequences()[sequence]:
+            obs(x)
+    host = _outcome(obs.calculate_qparams)
+    obs.cuda()
+    with count_launches() as counted:
+        device = _outcome(obs.calculate_qparams)
+    if _namespace._triton_available():
+        assert counted.triton["_l2_search_kernel"] == 1, counted
+    assert device[1] == host[1]
+    if isinstance(host[0], str) or isinstance(device[0], str):
+        assert device[0] == host[0]
+    else:
+        for d, h in zip(device[0], host[0]):
+            assert d.dtype == h.dtype and d.shape == h.shape, (sequence, d, h)
+            np.testing.assert_array_equal(d, h, err_msg=sequence)
 
 
 _OBSERVER_KWARGS = [
