@@ -509,7 +509,7 @@ def non_linear_param_search(
             raise ValueError(f"{name} must be 0-d, got shape {tuple(arr.shape)}")
     if isinstance(dst_nbins, bool) or not isinstance(dst_nbins, (int, np.integer)) or dst_nbins < 1:
         raise ValueError(f"dst_nbins={dst_nbins!r} must be an int >= 1")
-    if triton_route(histogram, min_val, max_val, xp=xp):  # torch CUDA: one kernel, one host read (the check)
+    if dst_nbins <= 2**53 and triton_route(histogram, min_val, max_val, xp=xp):  # torch CUDA: one kernel, one read
         with np.errstate(all="ignore"):
             hist, lo, hi = (xp.astype(a, xp.float32, copy=False) for a in (histogram, min_val, max_val))
         (found, _, _), _ = _device_search(hist, lo, hi, int(dst_nbins), xp)

@@ -774,8 +774,9 @@ def _div_floor(a, b):
 @triton.jit
 def _l2_error(hist_ptr, n, start, end, bin_width, dst_nbins, top, row_ptr, lvl_ptr, BLOCK: tl.constexpr,
               LANES: tl.constexpr, GB: tl.constexpr):
-    """``_l2_search._errors`` of the candidate ``(start, end)`` (``bin_width`` float64): the per-bin errors in
-    its float32 operations into ``row``, summed in :func:`_sum32`'s order; 0 where the levels have zero width."""
+    """``_l2_search._errors`` of the candidate ``(start, end)`` (``bin_width``, ``dst_nbins`` float64, ``top``
+    ``float32(dst_nbins - 1)``): the per-bin errors in its float32 operations into ``row``, summed in
+    :func:`_sum32`'s order; 0 where the levels have zero width."""
     nan: tl.constexpr = tl.PropagateNan.ALL
     dst64 = bin_width * (end - start + 1).to(tl.float64) / dst_nbins
     out = tl.zeros([], tl.float32)
@@ -845,7 +846,7 @@ def _end_count(betas_ptr, nbeta, cs_end, total, BSTEPS: tl.constexpr):
 
 @triton.jit
 def _l2_search_kernel(hist_ptr, n, smin_ptr, smax_ptr, alphas_ptr, betas_ptr, nbeta, cs_ptr, p_ptr, row_ptr, lvl_ptr,
-                      dst_nbins, top, eps, eps_ptr, qrange, qmin, qmax, zp_sym, range_out, scale_out, zp_out,
+                      dst_nbins, eps, eps_ptr, qrange, qmin, qmax, zp_sym, range_out, scale_out, zp_out,
                       flags_out, EMPTY_AS_ZERO: tl.constexpr, QPARAMS: tl.constexpr, SYMMETRIC: tl.constexpr,
                       EPS_PTR: tl.constexpr, BLOCK: tl.constexpr, LANES: tl.constexpr, GB: tl.constexpr,
                       BSTEPS: tl.constexpr):
@@ -883,6 +884,9 @@ def _l2_search_kernel(hist_ptr, n, smin_ptr, smax_ptr, alphas_ptr, betas_ptr, nb
         _cumsum32(hist_ptr, n, cs_ptr, p_ptr, BLOCK)
         total = _sum32(hist_ptr, n, lvl_ptr, LANES, GB).to(tl.float64)
         bin_width = (hi.to(tl.float64) - lo.to(tl.float64)) / bins.to(tl.float64)
+        levels = tl.zeros([], tl.int64) + dst_nbins  # (an int: exact in float64 below 2**53)
+        top = (levels - 1).to(tl.float32)
+        levels_f = levels.to(tl.float64)
         a = tl.zeros([], tl.int32)
         b = tl.zeros([], tl.int32)
         prev = tl.full([], float("inf"), tl.float32)
@@ -907,7 +911,7 @@ def _l2_search_kernel(hist_ptr, n, smin_ptr, smax_ptr, alphas_ptr, betas_ptr, nb
                 b = tl.where(to_start, b, b + 1)
                 norm = prev  # after a NaN error nothing rises again: the walk goes on without errors
                 if prev == prev:
-                    norm = _l2_error(hist_ptr, n, new_start, new_end, bin_width, dst_nbins, top, row_ptr, lvl_ptr,
+                    norm = _l2_error(hist_ptr, n, new_start, new_end, bin_width, levels_f, top, row_ptr, lvl_ptr,
                                      BLOCK, LANES, GB)
                 rise = norm > prev
                 start = tl.where(rise, start, new_start)
@@ -981,7 +985,7 @@ def l2_search(hist: torch.Tensor, min_val: torch.Tensor, max_val: torch.Tensor, 
     zero_point = torch.empty(1, dtype=torch.int64 if symmetric else torch.int32, device=device)
     qrange = float(q.get("quant_max", 1) - q.get("quant_min", 0))
     launch(_l2_search_kernel, (1,), hist, n, min_val, max_val, alphas, betas, betas.shape[0], cs, prefix, row, lvl,
-           float(dst_nbins), float(dst_nbins - 1), 1.0 if isinstance(eps, torch.Tensor) else float(eps), eps_ptr,
+           int(dst_nbins), 1.0 if isinstance(eps, torch.Tensor) else float(eps), eps_ptr,
            qrange / 2 if symmetric else qrange, int(q.get("quant_min", 0)), int(q.get("quant_max", 0)),
            int(q.get("zero_point", 0)), out, scale, zero_point, flags, EMPTY_AS_ZERO=qparams is not None,
            QPARAMS=qparams is not None, SYMMETRIC=symmetric, EPS_PTR=isinstance(eps, torch.Tensor), BLOCK=block,

@@ -292,14 +292,15 @@ def test_histogram_qparams_and_search_of_drawn_states(data):
         oc.quant_spec("quint8", "per_tensor_symmetric", reduce_range=True),
         oc.quant_spec("int16"), oc.quant_spec("qint32", quant_min=-(2**31), quant_max=2**31 - 1),
     ]), label="spec")
-    if rng_name in ("nan", "wide", "huge"):  # NaN errors: the walk runs to its end (~bins steps, interpreted)
-        n = min(n, 256)
+    levels = data.draw(st.sampled_from([256, 1, 3, 1000, 2**24 + 1]), label="dst_nbins")
+    if rng_name in ("nan", "wide", "huge") or levels != 256:  # NaN errors, few or many levels: long walks
+        n = min(n, 256)  # (~10 ms per step, interpreted)
     hist = torch.from_numpy(_histogram(kind, n, data.draw(st.integers(0, 2**16), label="seed")))
     lo, hi = (torch.tensor(v, dtype=torch.float32) for v in _RANGES[rng_name])
     state = oc.HistogramState(hist, lo, hi)
     what = f"{n} bins, {kind}, {rng_name}, {spec}"
     _assert_three_paths_agree(lambda: oc.histogram_qparams(state, spec), what)
-    _assert_three_paths_agree(lambda: oc.non_linear_param_search(hist, lo, hi, dst_nbins=256), what)
+    _assert_three_paths_agree(lambda: oc.non_linear_param_search(hist, lo, hi, dst_nbins=levels), what)
 
 
 # the kernel's device functions one by one, through probe kernels (interpreted), against the host's arithmetic
