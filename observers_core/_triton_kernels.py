@@ -29,7 +29,8 @@ from triton.language import core as _tl_core  # noqa: F401  (patched for the int
 
 from . import _namespace
 
-__all__ = ["clip_average", "histogram_update", "launch", "moving_average", "percentile_amax", "range_abs_histogram"]
+__all__ = ["clip_average", "histogram_update", "kl_search_amax", "launch", "moving_average", "percentile_amax",
+           "range_abs_histogram"]
 
 _INF = float("inf")
 _F32_MAX = 3.4028234663852886e38
@@ -633,4 +634,197 @@ def percentile_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor,
     amax = torch.empty(lo.shape, dtype=torch.float32, device=counts.device)
     launch(_percentile_kernel, (rows.shape[0],), rows, lo.reshape(-1).contiguous(), width.reshape(-1).contiguous(),
            *float32_parts(keep), bins, amax, BLOCK=min(triton.next_power_of_2(bins), 4096))
+    return amax
+
+
+# ======================================================================================================
+# KL (KLObserver.forward; MixObserver's KL candidate): the KL search over a histogram of |x|, and the
+# accumulator's update (the batch's range and |x| counted, the old counts re-binned onto the new grid)
+# ======================================================================================================
+
+
+@triton.jit
+def _kl_prefix_kernel(counts_ptr, channels, bins, prefix_ptr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Programs of ``ROWS`` rows: the prefix sums (``bins + 1`` each, a leading 0) of each row's counts with
+    the first bin flattened (``b_0 = b_1``), float64: of the counts, of the non-empty bins (both exact,
+    int64), and of ``b log b`` (``0 log 0 = 0``), added in index order (each chunk's scan starts from the
+    carry; the interpreter's scan is sequential, a GPU's a tree)."""
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
+    rm = row < channels
+    r = tl.arange(0, BLOCK)[None, :]
+    src = counts_ptr + row * bins
+    cs_out = prefix_ptr + row * 3 * (bins + 1)
+    nz_out = cs_out + (bins + 1)
+    px_out = nz_out + (bins + 1)
+    zero = tl.zeros([ROWS, 1], tl.float64)
+    tl.store(cs_out, zero, mask=rm)
+    tl.store(nz_out, zero, mask=rm)
+    tl.store(px_out, zero, mask=rm)
+    second = tl.load(src + 1, mask=rm, other=0)
+    cs_carry = tl.zeros([ROWS, 1], tl.int64)
+    nz_carry = tl.zeros([ROWS, 1], tl.int64)
+    px_carry = tl.zeros([ROWS, 1], tl.float64)
+    for start in range(0, bins, BLOCK):
+        j = start + r
+        m = rm & (j < bins)
+        c = tl.load(src + j, mask=m, other=0)
+        c = tl.where(j == 0, second, c)
+        cs = tl.cumsum(c, axis=1) + cs_carry
+        nz = tl.cumsum((c > 0).to(tl.int64), axis=1) + nz_carry
+        b = c.to(tl.float64)
+        xlogx = tl.where(c > 0, b * tl.log(tl.where(c > 0, b, 1.0)), 0.0)
+        px = tl.cumsum(tl.where(r == 0, px_carry + xlogx, xlogx), axis=1)
+        tl.store(cs_out + 1 + j, cs.to(tl.float64), mask=m)
+        tl.store(nz_out + 1 + j, nz.to(tl.float64), mask=m)
+        tl.store(px_out + 1 + j, px, mask=m)
+        last = r == tl.minimum(bins - start, BLOCK) - 1
+        cs_carry = tl.sum(tl.where(last, cs, 0), axis=1)[:, None]
+        nz_carry = tl.sum(tl.where(last, nz, 0), axis=1)[:, None]
+        px_carry = tl.sum(tl.where(last, px, 0.0), axis=1)[:, None]  # (one term: exact)
+
+
+@triton.jit
+def _kl_group_terms(cs_ptr, nz_ptr, i, g, levels, inside):
+    """``G log(G / n)`` of the groups ``g`` of the candidates ``i`` (blocks that broadcast), whose bins are
+    ``[ceil(g i / L), ceil((g + 1) i / L))``, ``G`` their count over ``n`` non-empty bins (from the prefix
+    sums): ``log_q = log max(G, tiny) - log max(n, 1)`` (an empty group's term is ``0 * finite``)."""
+    first = (g * i + levels - 1) // levels
+    end = ((g + 1) * i + levels - 1) // levels
+    count = tl.load(cs_ptr + end, mask=inside, other=0.0) - tl.load(cs_ptr + first, mask=inside, other=0.0)
+    nonzero = tl.load(nz_ptr + end, mask=inside, other=0.0) - tl.load(nz_ptr + first, mask=inside, other=0.0)
+    log_q = tl.log(tl.maximum(count, 2.2250738585072014e-308)) - tl.log(tl.maximum(nonzero, 1.0))
+    return count * log_q, log_q
+
+
+@triton.jit
+def _kl_leaf_sum(cs_ptr, nz_ptr, i, km, levels, start, size, KBLOCK: tl.constexpr):
+    """NumPy's ``pairwise_sum`` of the terms of the groups ``start .. start + size - 1`` (``size <= 128``) of
+    each candidate: below 8 one by one from 0, else eight running sums (lane ``j`` takes the terms
+    ``j, j + 8, ...``) combined as ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``, then the rest one
+    by one (``_compiled._pairwise_block``). Sums of two terms are exact in either order."""
+    res = tl.zeros([KBLOCK], tl.float64)
+    stop = size - size % 8
+    if size >= 8:
+        lane = tl.arange(0, 8).to(tl.int64)
+        r = tl.zeros([KBLOCK, 8], tl.float64)
+        for q in range(0, stop, 8):
+            t, _ = _kl_group_terms(cs_ptr[:, None], nz_ptr[:, None], i[:, None], (start + q + lane)[None, :], levels,
+                                   km[:, None])
+            r = tl.where(q == 0, t, r + t)
+        pairs = tl.sum(tl.reshape(r, [KBLOCK, 4, 2]), axis=2)
+        quads = tl.sum(tl.reshape(pairs, [KBLOCK, 2, 2]), axis=2)
+        res = tl.sum(quads, axis=1)
+    else:
+        stop = 0
+    for g in range(start + stop, start + size):
+        t, _ = _kl_group_terms(cs_ptr, nz_ptr, i, g + i * 0, levels, km)
+        res += t
+    return res
+
+
+@triton.jit
+def _kl_curve_kernel(prefix_ptr, channels, bins, levels, leaf, K, kl_ptr, LEAVES: tl.constexpr, KBLOCK: tl.constexpr):
+    """Program ``p``: ``_calibration._kl_strict`` of ``KBLOCK`` (row, candidate) pairs (``p * KBLOCK + lane``
+    over ``channels * K``), candidate ``i = levels + k`` (``start_bin = levels``, stride 1), from the row's prefix sums (``_kl_prefix_kernel``), float64, each
+    operation the array code's in its order:
+    ``KL = (sum_{j<l} b log b + (b_l + t) log(b_l + t) - sum_g G log(G / n) - [b_l > 0] t log(G_l / n_l)) / T
+    - log T + log C`` (kept ``C``, tail ``t = T - C``, last kept bin ``l = i - 1`` in group
+    ``floor(l L / i)``), ``+inf`` where invalid. The sum over the ``L`` groups is NumPy's pairwise sum (the
+    host path's): one block (``L <= 128``), or ``LEAVES`` blocks of ``leaf = 128`` added as a perfect binary
+    tree (``L`` a power of two)."""
+    flat = tl.program_id(0).to(tl.int64) * KBLOCK + tl.arange(0, KBLOCK)
+    km = flat < channels * K
+    row = tl.where(km, flat // K, 0)
+    k = flat % K
+    i = tl.where(km, levels + k, bins)
+    cs_ptr = prefix_ptr + row * 3 * (bins + 1)
+    nz_ptr = cs_ptr + (bins + 1)
+    px_ptr = nz_ptr + (bins + 1)
+    total = tl.load(cs_ptr + bins + i * 0)  # (a block: 0-d and block booleans do not mix in the interpreter)
+    kept = tl.load(cs_ptr + i)
+    b_last = kept - tl.load(cs_ptr + i - 1)
+    tail = total - kept
+    if LEAVES == 1:
+        sum_glog = _kl_leaf_sum(cs_ptr, nz_ptr, i, km, levels, 0, leaf, KBLOCK)
+    else:
+        column = tl.arange(0, LEAVES)[None, :]
+        sums = tl.zeros([KBLOCK, LEAVES], tl.float64)
+        for f in tl.static_range(LEAVES):
+            part = _kl_leaf_sum(cs_ptr, nz_ptr, i, km, levels, f * leaf, leaf, KBLOCK)
+            sums = tl.where(column == f, part[:, None], sums)
+        for step in tl.static_range(LEAVES.bit_length() - 1):  # adjacent pairs, level by level
+            sums = tl.sum(tl.reshape(sums, [KBLOCK, LEAVES >> (step + 1), 2]), axis=2)
+        sum_glog = tl.reshape(sums, [KBLOCK])
+    _, last_log_q = _kl_group_terms(cs_ptr, nz_ptr, i, ((i - 1) * levels) // i, levels, km)
+    end_mass = b_last + tail
+    p_log_p = tl.load(px_ptr + i - 1) + tl.where(end_mass > 0, end_mass * tl.log(tl.where(end_mass > 0, end_mass, 1.0)),
+                                                  0.0)
+    p_log_q = sum_glog + tl.where(b_last > 0, tail * last_log_q, 0.0)
+    safe_total = tl.where(total > 0, total, 1.0)
+    kl = (p_log_p - p_log_q) / safe_total - tl.log(safe_total) + tl.log(tl.where(kept > 0, kept, 1.0))
+    invalid = (total <= 0) | (kept <= 0) | ((b_last <= 0) & (tail > 0))
+    kl = tl.where(invalid, float("inf"), tl.maximum(kl, 0.0, propagate_nan=tl.PropagateNan.ALL))
+    tl.store(kl_ptr + flat, kl, mask=km)
+
+
+@triton.jit
+def _kl_pick_kernel(kl_ptr, channels, K, levels, lo_ptr, width_ptr, amax_out, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Programs of ``ROWS`` rows: ``_calibration._pick(ties="last")`` with the float64 tie tolerance ``2**-40``:
+    the largest candidate within ``2**-40`` of the least divergence (the last one where none is: a NaN), and
+    its threshold, the edge ``(lo / width + i) * width`` (float32)."""
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    rm = row < channels
+    r = tl.arange(0, BLOCK)[None, :]
+    src = kl_ptr + row[:, None] * K
+    best = tl.full([ROWS, BLOCK], float("inf"), tl.float64)
+    for start in range(0, K, BLOCK):
+        m = rm[:, None] & (start + r < K)
+        best = tl.minimum(best, tl.load(src + start + r, mask=m, other=float("inf")))
+    limit = tl.min(best, axis=1)[:, None] + 9.094947017729282e-13  # + 2**-40
+    last = tl.full([ROWS], -1, tl.int32)
+    for start in range(0, K, BLOCK):
+        m = rm[:, None] & (start + r < K)
+        v = tl.load(src + start + r, mask=m, other=float("inf"))
+        last = tl.maximum(last, tl.max(tl.where(m & (v <= limit), start + r, -1), axis=1))
+    pick = tl.where(last < 0, K - 1, last)
+    width = tl.load(width_ptr + row, mask=rm, other=0.0)
+    start_edge = tl.div_rn(tl.load(lo_ptr + row, mask=rm, other=0.0), tl.where(width > 0.0, width, 1.0))
+    tl.store(amax_out + row, (start_edge + (levels + pick).to(tl.float32)) * width, mask=rm)
+
+
+def kl_search_applies(levels: int) -> bool:
+    """Whether :func:`kl_search_amax` sums the ``levels`` group terms in NumPy's pairwise order: ``levels <= 128``
+    (one block) or a power of two (blocks of 128 in a perfect tree); other counts run the array code."""
+    return levels <= 128 or levels & (levels - 1) == 0
+
+
+def kl_search_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor, levels: int) -> torch.Tensor:
+    """``families.calibration.search_amax("kl", ...)`` (``_calibration.kl_threshold`` with ``num_levels=levels``,
+    the defaults otherwise: ``start_bin = levels``, stride 1, no smoothing, the first bin flattened, ties to
+    the last within ``2**-40``) of a histogram of ``|x|``: int64 counts ``(..., bins)`` (below ``2**53``),
+    float32 grid ``lo``/``width`` ``(...)``. The amax per row on the device (float32), three kernels and no
+    host read: the prefix sums, the divergence of every candidate, the pick."""
+    bins = counts.shape[-1]
+    if counts.dtype != torch.int64 or not 1 <= levels <= bins or not kl_search_applies(levels):
+        raise ValueError(f"kl_search_amax needs int64 counts and 1 <= levels <= bins, levels <= 128 or a power of "
+                         f"two, got {counts.dtype}, levels={levels}, bins={bins}")
+    rows = counts.reshape(-1, bins).contiguous()
+    channels = rows.shape[0]
+    candidates = bins - levels + 1
+    device = counts.device
+    prefix = torch.empty((channels, 3, bins + 1), dtype=torch.float64, device=device)
+    kl = torch.empty((channels, candidates), dtype=torch.float64, device=device)
+    amax = torch.empty(tuple(lo.shape), dtype=torch.float32, device=device)
+    # the interpreter runs programs one after another: few, large ones; a GPU: small blocks in registers
+    on_cpu = device.type == "cpu"
+    rows_per = max(1, min(triton.next_power_of_2(channels), 64 if on_cpu else 1))
+    kblock = min(triton.next_power_of_2(channels * candidates), 8192 if on_cpu else 64)
+    leaf = min(levels, 128)
+    launch(_kl_prefix_kernel, (triton.cdiv(channels, rows_per),), rows, channels, bins, prefix, ROWS=rows_per,
+           BLOCK=min(triton.next_power_of_2(bins), (1 << 14) // rows_per if on_cpu else 1024))
+    launch(_kl_curve_kernel, (triton.cdiv(channels * candidates, kblock),), prefix, channels, bins, levels, leaf,
+           candidates, kl, LEAVES=levels // leaf, KBLOCK=kblock)
+    launch(_kl_pick_kernel, (triton.cdiv(channels, rows_per),), kl, channels, candidates, levels,
+           lo.reshape(-1).contiguous(), width.reshape(-1).contiguous(), amax, ROWS=rows_per,
+           BLOCK=min(triton.next_power_of_2(candidates), (1 << 14) // rows_per if on_cpu else 1024))
     return amax

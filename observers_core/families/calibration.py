@@ -225,6 +225,10 @@ def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any)
     """The clipping magnitude of ``method`` for the histogram of ``|x|`` (``+inf`` for ``"minmax"``)."""
     if method == "minmax":
         return xp.full(tuple(hist.max_val.shape), INF, dtype=hist.max_val.dtype, device=device_of(hist.max_val))
+    if method == "kl" and _kl_kernel_applies(hist, config, xp):
+        from .. import _triton_kernels  # torch CUDA: the KL search in three kernels, no host read
+
+        return _triton_kernels.kl_search_amax(hist.counts, hist.lo, hist.width, config.levels)
     edges = calib_histogram_edges(hist, xp=xp)  # the observer's own histogram: valid, no check (host read)
     if method == "kl":
         return kl_threshold(hist.counts, edges, num_levels=config.levels, check=False, xp=xp)
@@ -233,6 +237,16 @@ def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any)
     if method == "percentile":
         return percentile_range(hist.counts, edges, percentile=config.percentile, check=False, xp=xp)[1]
     raise ValueError(f"unknown calibration method {method!r}")
+
+
+def _kl_kernel_applies(hist: CalibHistogram, config: CalibConfig, xp: Any) -> bool:
+    """Whether the KL search of ``hist`` runs the Triton kernels: the torch CUDA path, int64 counts on a
+    float32 grid, and ``levels`` whose group sums the kernel adds in NumPy's order (``kl_search_applies``)."""
+    if not (hist.counts.dtype == xp.int64 and hist.lo.dtype == xp.float32 and triton_route(hist.counts, xp=xp)):
+        return False
+    from .. import _triton_kernels
+
+    return _triton_kernels.kl_search_applies(config.levels)
 
 
 def observed_range(x: Array, *, axis: int | None, xp: Any, collective: Any = None) -> tuple[Array, Array]:
