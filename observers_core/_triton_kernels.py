@@ -29,7 +29,7 @@ from triton.language import core as _tl_core  # noqa: F401  (patched for the int
 
 from . import _namespace
 
-__all__ = ["clip_average", "histogram_update", "kl_search_amax", "launch", "moving_average", "percentile_amax",
+__all__ = ["clip_average", "histogram_update", "kl_accumulate", "kl_search_amax", "launch", "moving_average", "percentile_amax",
            "range_abs_histogram"]
 
 _INF = float("inf")
@@ -508,17 +508,45 @@ def _abs_grid(low, high, binsf):
     a_low = tl.where(low <= high, 0.0, low)
     a_high = tl.maximum(-low, high) + 0.0
     a_low = tl.where(a_low <= a_high, 0.0, a_low)
-    empty = ~(a_low <= a_high)
-    g_low = tl.where(empty, 0.0, tl.maximum(a_low, -1.7014118346046923e38))  # -2**127
-    g_high = tl.where(empty, 0.0, tl.minimum(a_high, 1.7014117331926443e38))  # 2**127 * (1 - 2**-24)
-    need = tl.maximum(tl.div_rn(g_high, binsf) - tl.div_rn(g_low, binsf), 0.0)
+    lo, width = _canonical_grid(a_low, a_high, 0.0, binsf)
+    return a_low, a_high, lo, width
+
+
+@triton.jit
+def _canonical_grid(low, high, min_width, binsf):
+    """``_calibration._grid``: the smallest power-of-two width ``>= min_width``, ``>= max(|low|, |high|) *
+    2**-22`` (at least ``2**-126``) and ``>= high / bins - low / bins`` with ``floor(high / w) - floor(low / w)
+    < bins``, ``lo = floor(low / w) * w``; the bounds clamped into ``[-2**127, 2**127 (1 - 2**-24)]``;
+    ``(0, 0)`` for an empty range."""
+    empty = ~(low <= high)
+    g_low = tl.where(empty, 0.0, tl.minimum(tl.maximum(low, -1.7014118346046923e38), 1.7014117331926443e38))
+    g_high = tl.where(empty, 0.0, tl.minimum(tl.maximum(high, -1.7014118346046923e38), 1.7014117331926443e38))
+    need = tl.maximum(tl.div_rn(g_high, binsf) - tl.div_rn(g_low, binsf), min_width)
     need = tl.maximum(need, tl.maximum(tl.maximum(tl.abs(g_low), tl.abs(g_high)) * 2.384185791015625e-07,
                                        1.1754943508222875e-38))  # * 2**-22, at least 2**-126
     width = _pow2_at_least(need)
     width = tl.where(_floor_div(g_high, width) - _floor_div(g_low, width) >= binsf, width * 2.0, width)
     width = tl.where(_floor_div(g_high, width) - _floor_div(g_low, width) >= binsf, width * 2.0, width)
     lo = _floor_div(g_low, width) * width
-    return a_low, a_high, tl.where(empty, 0.0, lo), tl.where(empty, 0.0, width)
+    return tl.where(empty, 0.0, lo), tl.where(empty, 0.0, width)
+
+
+@triton.jit
+def _count_abs(x_ptr, N, row, p, ITERS, lo, width, binsf, counts_ptr, bins, BLOCK: tl.constexpr):
+    """``|x|`` of program ``p``'s part of the row (``ITERS`` blocks) counted (integer atomics) into bin
+    ``clip(floor(min(|v|, 2**127 (1 - 2**-24)) / width) - lo / width, 0, bins - 1)`` (finite values only)."""
+    safe_w = tl.where(width > 0.0, width, 1.0)
+    start = tl.div_rn(lo, safe_w)
+    r = tl.arange(0, BLOCK)
+    for it in range(0, ITERS):
+        offs = (p.to(tl.int64) * ITERS + it) * BLOCK + r
+        m = offs < N
+        v = tl.abs(tl.load(x_ptr + row * N + offs, mask=m, other=0.0))
+        finite = _finite(v)
+        capped = tl.minimum(v, 1.7014117331926443e38)  # the grid's range cap (_calibration._range_caps)
+        index = _floor_div(tl.where(finite, capped, 0.0), safe_w) - start
+        index = tl.minimum(tl.maximum(index, 0.0), binsf - 1.0).to(tl.int64)
+        tl.atomic_add(counts_ptr + row * bins + index, tl.full([BLOCK], 1, tl.int64), mask=m & finite, sem="relaxed")
 
 
 @triton.jit
@@ -548,23 +576,12 @@ def _rows_range_kernel(x_ptr, N, part_ptr, counts_ptr, bins, R, ITERS, HITERS, B
 def _abs_histogram_kernel(x_ptr, N, part_ptr, counts_ptr, bins, binsf, R, ITERS, lo_out, hi_out, grid_out,
                           PBLOCK: tl.constexpr, BLOCK: tl.constexpr):
     """Program ``(row, p)``: the row's range and grid from the partials, then ``|x|`` of its part of the row
-    counted (integer atomics) into bin ``clip(floor(|v| / width) - lo / width, 0, bins - 1)``; program
-    ``(row, 0)`` writes the row's range and the histogram's ``lo, width, min_val, max_val``."""
+    counted (``_count_abs``); program ``(row, 0)`` writes the row's range and the histogram's ``lo, width, min_val, max_val``."""
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     low, high = _row_range(part_ptr, row, R, PBLOCK)
     a_low, a_high, lo, width = _abs_grid(low, high, binsf)
-    safe_w = tl.where(width > 0.0, width, 1.0)
-    start = tl.div_rn(lo, safe_w)
-    r = tl.arange(0, BLOCK)
-    for it in range(0, ITERS):
-        offs = (p.to(tl.int64) * ITERS + it) * BLOCK + r
-        m = offs < N
-        v = tl.abs(tl.load(x_ptr + row * N + offs, mask=m, other=0.0))
-        finite = _finite(v)
-        index = _floor_div(tl.where(finite, v, 0.0), safe_w) - start
-        index = tl.minimum(tl.maximum(index, 0.0), binsf - 1.0).to(tl.int64)
-        tl.atomic_add(counts_ptr + row * bins + index, tl.full([BLOCK], 1, tl.int64), mask=m & finite, sem="relaxed")
+    _count_abs(x_ptr, N, row, p, ITERS, lo, width, binsf, counts_ptr, bins, BLOCK)
     if p == 0:
         tl.store(lo_out + row, low)
         tl.store(hi_out + row, high)
@@ -575,12 +592,17 @@ def _abs_histogram_kernel(x_ptr, N, part_ptr, counts_ptr, bins, binsf, R, ITERS,
         tl.store(grid_out + 3 * channels + row, a_high)
 
 
+def _channel_rows(x: torch.Tensor, axis: int | None) -> torch.Tensor:
+    """``x`` as contiguous rows: one (per tensor) or one per channel along the normalised ``axis``."""
+    rows = x.reshape(1, -1) if axis is None else torch.movedim(x, axis, 0).reshape(x.shape[axis], -1)
+    return rows.contiguous()
+
+
 def range_abs_histogram(x: torch.Tensor, axis: int | None, bins: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     """``families.calibration``'s ``observed_range`` and ``abs_histogram`` of a non-empty float32 ``x`` (per
     tensor, or per channel along the normalised ``axis``) in two kernels: ``(lo, hi, (counts, lo, width,
     min_val, max_val))`` as new tensors (int64 counts)."""
-    rows = x.reshape(1, -1) if axis is None else torch.movedim(x, axis, 0).reshape(x.shape[axis], -1)
-    rows = rows.contiguous()
+    rows = _channel_rows(x, axis)
     channels, n = rows.shape
     block = _block(rows)
     per_row = max(1, min(triton.cdiv(n, block), max(1, _MAX_PROGRAMS // channels)))
@@ -828,3 +850,96 @@ def kl_search_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor, 
            lo.reshape(-1).contiguous(), width.reshape(-1).contiguous(), amax, ROWS=rows_per,
            BLOCK=min(triton.next_power_of_2(candidates), (1 << 14) // rows_per if on_cpu else 1024))
     return amax
+
+
+@triton.jit
+def _rebin_first(m, new_start, new_width, old_start, old_scaled_w, s, binsf):
+    """``_calibration._rebin``'s first old bin of new bin ``m`` (int64 block): ``clip(e_m / w - lo / w, 0, bins)``
+    with the new left edge ``e_m = (new_lo / new_w + m) * new_w`` (float32, inf beyond the range), ``e_m / w``
+    as ``(e_m s) / (w s)`` (``s = 2**-64`` where ``w >= 2**64``), 0 for ``m = 0`` and ``bins`` for
+    ``m = bins``; truncated to an integer as the array code's index cast."""
+    mf = m.to(tl.float32)
+    edge = (new_start + mf) * new_width
+    first = tl.div_rn(edge * s, old_scaled_w) - old_start
+    first = tl.minimum(tl.maximum(first, 0.0), binsf)
+    first = tl.where(mf == 0.0, 0.0, tl.where(mf == binsf, binsf, first))
+    return first.to(tl.int64)
+
+
+@triton.jit
+def _kl_accumulate_kernel(x_ptr, N, part_ptr, old_counts, old_lo, old_width, old_min, old_max, seen_min, seen_max,
+                          counts_ptr, bins, binsf, R, ITERS, RITERS, out_ptr, PBLOCK: tl.constexpr, BLOCK: tl.constexpr, NSTEPS: tl.constexpr):
+    """Program ``(row, p)`` of ``families.calibration.kl_accumulate`` (no collective, float32 ``x``): the row's
+    finite range from the partials (``_rows_range_kernel``), the histogram's range joined with that of
+    ``|x|`` and its canonical grid (``_calibration._combine``: width at least the old one); then ``|x|`` of
+    its part of the row counted, and its part of the old bins re-binned onto the new grid (``_rebin``: old
+    bin ``j`` goes to the new bin ``m`` with ``first_m <= j < first_{m+1}``, found by binary search over
+    ``first``; integer atomics, exact). Program ``(row, 0)`` writes the new ``lo, width, min_val, max_val``
+    and the running finite range ``(minimum(low, seen_min), maximum(high, seen_max))``."""
+    row = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1)
+    channels = tl.num_programs(0)
+    low, high = _row_range(part_ptr, row, R, PBLOCK)
+    a_low = tl.where(low <= high, 0.0, low)  # _histogram_update's range of |x| from the signed one
+    a_high = tl.maximum(-low, high) + 0.0
+    a_low = tl.where(a_low <= a_high, 0.0, a_low)
+    o_lo = tl.load(old_lo + row)
+    o_width = tl.load(old_width + row)
+    min_val = tl.minimum(tl.load(old_min + row), a_low)
+    max_val = tl.maximum(tl.load(old_max + row), a_high)
+    lo, width = _canonical_grid(min_val, max_val, tl.maximum(o_width, 0.0), binsf)
+    _count_abs(x_ptr, N, row, p, ITERS, lo, width, binsf, counts_ptr, bins, BLOCK)
+    if o_width > 0.0:  # (an old grid of width 0 holds nothing)
+        new_start = tl.div_rn(lo, tl.where(width > 0.0, width, 1.0))
+        old_start = tl.div_rn(o_lo, o_width)
+        s = tl.where(o_width >= 1.8446744073709552e19, 5.421010862427522e-20, 1.0)  # 2**64, 2**-64
+        old_scaled_w = o_width * s
+        r = tl.arange(0, BLOCK)
+        for it in range(0, RITERS):
+            j = (p.to(tl.int64) * RITERS + it) * BLOCK + r
+            m = j < bins
+            c = tl.load(old_counts + row * bins + j, mask=m, other=0)
+            below = tl.zeros([BLOCK], tl.int64)  # #{m' in [0, bins]: first_m' <= j}
+            above = tl.zeros([BLOCK], tl.int64) + bins + 1
+            for _ in tl.static_range(NSTEPS):
+                active = below < above
+                k = (below + above) // 2
+                le = _rebin_first(k, new_start, width, old_start, old_scaled_w, s, binsf) <= j
+                below = tl.where(active & le, k + 1, below)
+                above = tl.where(active & ~le, k, above)
+            new_bin = tl.minimum(tl.maximum(below - 1, 0), bins - 1)
+            tl.atomic_add(counts_ptr + row * bins + new_bin, c, mask=m & (c != 0), sem="relaxed")
+    if p == 0:
+        tl.store(out_ptr + row, lo)
+        tl.store(out_ptr + channels + row, width)
+        tl.store(out_ptr + 2 * channels + row, min_val)
+        tl.store(out_ptr + 3 * channels + row, max_val)
+        tl.store(out_ptr + 4 * channels + row, tl.minimum(low, tl.load(seen_min + row)))
+        tl.store(out_ptr + 5 * channels + row, tl.maximum(high, tl.load(seen_max + row)))
+
+
+def kl_accumulate(hist: tuple, seen: tuple, x: torch.Tensor, axis: int | None) -> tuple[tuple, tuple]:
+    """``families.calibration.kl_accumulate`` (no collective) of a non-empty float32 ``x`` (per tensor, or per
+    channel along the normalised ``axis``) into the accumulator ``(hist, seen)`` (``CalibHistogram`` fields:
+    int64 counts ``(..., bins)``, float32 ``lo, width, min_val, max_val``; ``seen``: float32 ``(min, max)``) in
+    two kernels: ``(counts, lo, width, min_val, max_val), (seen_min, seen_max)`` as new tensors."""
+    old_counts = hist[0]
+    bins = old_counts.shape[-1]
+    rows = _channel_rows(x, axis)
+    channels, n = rows.shape
+    block = _block(rows)
+    per_row = max(1, min(max(triton.cdiv(n, block), triton.cdiv(bins, block)), max(1, _MAX_PROGRAMS // channels)))
+    iters = triton.cdiv(triton.cdiv(n, per_row), block)
+    hiters = triton.cdiv(triton.cdiv(bins, per_row), block)
+    device = x.device
+    parts = torch.empty(2 * channels * per_row, dtype=torch.float32, device=device)
+    counts = torch.empty((channels, bins), dtype=torch.int64, device=device)
+    out = torch.empty((6, channels), dtype=torch.float32, device=device)  # lo, width, min, max, seen min, max
+    state = [a.reshape(-1).contiguous() for a in (*hist[1:], *seen)]  # lo, width, min_val, max_val, seen min, max
+    launch(_rows_range_kernel, (channels, per_row), rows, n, parts, counts, bins, per_row, iters, hiters, BLOCK=block)
+    launch(_kl_accumulate_kernel, (channels, per_row), rows, n, parts, old_counts.reshape(channels, bins).contiguous(),
+           *state, counts, bins, float(bins), per_row, iters, hiters, out,
+           PBLOCK=triton.next_power_of_2(per_row), BLOCK=block, NSTEPS=max(1, math.ceil(math.log2(bins + 2))))
+    lead = () if axis is None else (channels,)
+    new_hist = (counts.reshape(lead + (bins,)),) + tuple(out[k].reshape(lead) for k in range(4))
+    return new_hist, (out[4].reshape(lead), out[5].reshape(lead))

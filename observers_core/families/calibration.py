@@ -497,10 +497,26 @@ def kl_accumulate(acc: KLAccumulator, x: Array, /, *, axis: int | None, xp: Any,
     every member's ``x``: exactly the accumulator of the concatenated batch). float64 ``x`` is observed as
     float32 (:func:`as_float32`)."""
     x = as_float32(x, xp)
+    if _kl_accumulate_kernel_applies(acc, x, axis, xp, collective):
+        from .. import _triton_kernels  # torch CUDA: the range, the counts and the re-binning in two kernels
+
+        hist, seen = _triton_kernels.kl_accumulate(acc.hist, acc.seen, x, None if axis is None else axis % x.ndim)
+        return KLAccumulator(CalibHistogram(*hist), MinMaxState(*seen))
     lo, hi = observed_range(x, axis=axis, xp=xp, collective=collective)
     hist = _abs_update(acc.hist, x, axis, xp, collective, (lo, hi))  # (checks the channel count)
     # minmax_update(acc.seen, x)'s operations, in its order
     return KLAccumulator(hist, MinMaxState(xp.minimum(lo, acc.seen.min_val), xp.maximum(hi, acc.seen.max_val)))
+
+
+def _kl_accumulate_kernel_applies(acc: KLAccumulator, x: Array, axis: int | None, xp: Any, collective: Any) -> bool:
+    """Whether :func:`kl_accumulate` runs the Triton kernels: the torch CUDA path, no collective, non-empty
+    float32 ``x`` with the accumulator's channel count (else the array code, which raises for a wrong one),
+    int64 counts on a float32 grid and range."""
+    channels = () if axis is None else (x.shape[axis % x.ndim],) if x.ndim else None
+    return (collective is None and size(x) > 0 and x.dtype == xp.float32 and tuple(acc.hist.lo.shape) == channels
+            and acc.hist.counts.dtype == xp.int64
+            and all(a.dtype == xp.float32 for a in (*acc.hist[1:], *acc.seen))
+            and triton_route(x, acc.hist.counts, xp=xp))
 
 
 def kl_merge(a: KLAccumulator, b: KLAccumulator, /, *, xp: Any = None) -> KLAccumulator:
@@ -512,7 +528,13 @@ def kl_merge(a: KLAccumulator, b: KLAccumulator, /, *, xp: Any = None) -> KLAccu
 def kl_update(state: MinMaxState, acc: KLAccumulator, /, *, config: CalibConfig, xp: Any) -> MinMaxState:
     """A KL update: the accumulated range clipped to the KL threshold of the accumulated histogram,
     averaged into ``state``."""
-    lo, hi = clip_range(acc.seen.min_val, acc.seen.max_val, search_amax("kl", acc.hist, config, xp), xp)
+    amax = search_amax("kl", acc.hist, config, xp)
+    lo, hi = acc.seen
+    if state.min_val.dtype == xp.float32 and lo.dtype == xp.float32 and triton_route(state.min_val, lo, xp=xp):
+        from .. import _triton_kernels  # torch CUDA: clip_range and average_range in one kernel
+
+        return MinMaxState(*_triton_kernels.clip_average(*state, lo, hi, amax, config.averaging_constant))
+    lo, hi = clip_range(lo, hi, amax, xp)
     return average_range(state, lo, hi, config.averaging_constant, xp)
 
 
