@@ -532,21 +532,23 @@ def _canonical_grid(low, high, min_width, binsf):
 
 
 @triton.jit
-def _count_abs(x_ptr, N, row, p, ITERS, lo, width, binsf, counts_ptr, bins, BLOCK: tl.constexpr):
-    """``|x|`` of program ``p``'s part of the row (``ITERS`` blocks) counted (integer atomics) into bin
+def _count_abs(x_ptr, N, row, rm, p, ITERS, lo, width, binsf, counts_ptr, bins, BLOCK: tl.constexpr):
+    """``|x|`` of program ``p``'s part of the rows ``row`` (``(ROWS, 1)`` blocks, as ``rm`` (row in range),
+    ``lo`` and ``width``; ``ITERS`` blocks each) counted (integer atomics) into bin
     ``clip(floor(min(|v|, 2**127 (1 - 2**-24)) / width) - lo / width, 0, bins - 1)`` (finite values only)."""
     safe_w = tl.where(width > 0.0, width, 1.0)
     start = tl.div_rn(lo, safe_w)
-    r = tl.arange(0, BLOCK)
+    r = tl.arange(0, BLOCK)[None, :]
     for it in range(0, ITERS):
         offs = (p.to(tl.int64) * ITERS + it) * BLOCK + r
-        m = offs < N
+        m = rm & (offs < N)
         v = tl.abs(tl.load(x_ptr + row * N + offs, mask=m, other=0.0))
         finite = _finite(v)
         capped = tl.minimum(v, 1.7014117331926443e38)  # the grid's range cap (_calibration._range_caps)
         index = _floor_div(tl.where(finite, capped, 0.0), safe_w) - start
         index = tl.minimum(tl.maximum(index, 0.0), binsf - 1.0).to(tl.int64)
-        tl.atomic_add(counts_ptr + row * bins + index, tl.full([BLOCK], 1, tl.int64), mask=m & finite, sem="relaxed")
+        tl.atomic_add(counts_ptr + row * bins + index, tl.full([1, BLOCK], 1, tl.int64), mask=m & finite,
+                      sem="relaxed")
 
 
 @triton.jit
@@ -581,7 +583,8 @@ def _abs_histogram_kernel(x_ptr, N, part_ptr, counts_ptr, bins, binsf, R, ITERS,
     p = tl.program_id(1)
     low, high = _row_range(part_ptr, row, R, PBLOCK)
     a_low, a_high, lo, width = _abs_grid(low, high, binsf)
-    _count_abs(x_ptr, N, row, p, ITERS, lo, width, binsf, counts_ptr, bins, BLOCK)
+    rows = row + tl.zeros([1, 1], tl.int64)
+    _count_abs(x_ptr, N, rows, rows >= 0, p, ITERS, lo, width, binsf, counts_ptr, bins, BLOCK)
     if p == 0:
         tl.store(lo_out + row, low)
         tl.store(hi_out + row, high)
@@ -868,39 +871,51 @@ def _rebin_first(m, new_start, new_width, old_start, old_scaled_w, s, binsf):
 
 @triton.jit
 def _kl_accumulate_kernel(x_ptr, N, part_ptr, old_counts, old_lo, old_width, old_min, old_max, seen_min, seen_max,
-                          counts_ptr, bins, binsf, R, ITERS, RITERS, out_ptr, PBLOCK: tl.constexpr, BLOCK: tl.constexpr, NSTEPS: tl.constexpr):
-    """Program ``(row, p)`` of ``families.calibration.kl_accumulate`` (no collective, float32 ``x``): the row's
-    finite range from the partials (``_rows_range_kernel``), the histogram's range joined with that of
-    ``|x|`` and its canonical grid (``_calibration._combine``: width at least the old one); then ``|x|`` of
-    its part of the row counted, and its part of the old bins re-binned onto the new grid (``_rebin``: old
-    bin ``j`` goes to the new bin ``m`` with ``first_m <= j < first_{m+1}``, found by binary search over
-    ``first``; integer atomics, exact). Program ``(row, 0)`` writes the new ``lo, width, min_val, max_val``
-    and the running finite range ``(minimum(low, seen_min), maximum(high, seen_max))``."""
-    row = tl.program_id(0).to(tl.int64)
+                          counts_ptr, channels, bins, binsf, R, ITERS, RITERS, out_ptr, ROWS: tl.constexpr,
+                          PBLOCK: tl.constexpr, BLOCK: tl.constexpr, RBLOCK: tl.constexpr, NSTEPS: tl.constexpr):
+    """Program ``(rows, p)`` of ``families.calibration.kl_accumulate`` (no collective, float32 ``x``), ``ROWS``
+    rows at once: each row's finite range from the partials (``_rows_range_kernel``), the histogram's range
+    joined with that of ``|x|`` and its canonical grid (``_calibration._combine``: width at least the old
+    one); then ``|x|`` of its part of each row counted, and its part of the old bins re-binned onto the new
+    grid (``_rebin``: old bin ``j`` goes to the new bin ``m`` with ``first_m <= j < first_{m+1}``, found by
+    binary search over ``first``, skipped where every row keeps its grid with finite edges, where
+    ``first_m = m``; integer atomics, exact). Programs ``(rows, 0)`` write the new ``lo, width, min_val,
+    max_val`` and the running finite range ``(minimum(low, seen_min), maximum(high, seen_max))``."""
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]  # (ROWS, 1)
+    rm = row < channels
     p = tl.program_id(1)
-    channels = tl.num_programs(0)
-    low, high = _row_range(part_ptr, row, R, PBLOCK)
+    q = tl.arange(0, PBLOCK)[None, :]
+    qm = rm & (q < R)
+    low = tl.min(tl.load(part_ptr + 2 * (row * R + q), mask=qm, other=float("inf")), axis=1)[:, None]
+    high = tl.max(tl.load(part_ptr + 2 * (row * R + q) + 1, mask=qm, other=-float("inf")), axis=1)[:, None]
     a_low = tl.where(low <= high, 0.0, low)  # _histogram_update's range of |x| from the signed one
     a_high = tl.maximum(-low, high) + 0.0
     a_low = tl.where(a_low <= a_high, 0.0, a_low)
-    o_lo = tl.load(old_lo + row)
-    o_width = tl.load(old_width + row)
-    min_val = tl.minimum(tl.load(old_min + row), a_low)
-    max_val = tl.maximum(tl.load(old_max + row), a_high)
+    o_lo = tl.load(old_lo + row, mask=rm, other=0.0)
+    o_width = tl.load(old_width + row, mask=rm, other=0.0)
+    min_val = tl.minimum(tl.load(old_min + row, mask=rm, other=0.0), a_low)
+    max_val = tl.maximum(tl.load(old_max + row, mask=rm, other=0.0), a_high)
     lo, width = _canonical_grid(min_val, max_val, tl.maximum(o_width, 0.0), binsf)
-    _count_abs(x_ptr, N, row, p, ITERS, lo, width, binsf, counts_ptr, bins, BLOCK)
-    if o_width > 0.0:  # (an old grid of width 0 holds nothing)
-        new_start = tl.div_rn(lo, tl.where(width > 0.0, width, 1.0))
-        old_start = tl.div_rn(o_lo, o_width)
-        s = tl.where(o_width >= 1.8446744073709552e19, 5.421010862427522e-20, 1.0)  # 2**64, 2**-64
-        old_scaled_w = o_width * s
-        r = tl.arange(0, BLOCK)
-        for it in range(0, RITERS):
-            j = (p.to(tl.int64) * RITERS + it) * BLOCK + r
-            m = j < bins
-            c = tl.load(old_counts + row * bins + j, mask=m, other=0)
-            below = tl.zeros([BLOCK], tl.int64)  # #{m' in [0, bins]: first_m' <= j}
-            above = tl.zeros([BLOCK], tl.int64) + bins + 1
+    _count_abs(x_ptr, N, row, rm, p, ITERS, lo, width, binsf, counts_ptr, bins, BLOCK)
+    filled = o_width > 0.0  # (an old grid of width 0 holds nothing)
+    safe_w = tl.where(filled, o_width, 1.0)
+    new_start = tl.div_rn(lo, tl.where(width > 0.0, width, 1.0))
+    old_start = tl.div_rn(o_lo, safe_w)
+    s = tl.where(safe_w >= 1.8446744073709552e19, 5.421010862427522e-20, 1.0)  # 2**64, 2**-64
+    old_scaled_w = safe_w * s
+    # every row on the same grid with every edge finite: first_m = m exactly, every bin stays
+    same = ~rm | ((lo == o_lo) & (width == o_width) & _finite((new_start + binsf) * width))
+    kept = tl.min(same.to(tl.int32), axis=1)
+    all_same = tl.min(kept, axis=0) == 1
+    r = tl.arange(0, RBLOCK)[None, :]
+    for it in range(0, RITERS):
+        j = (p.to(tl.int64) * RITERS + it) * RBLOCK + r
+        m = rm & filled & (j < bins)
+        c = tl.load(old_counts + row * bins + j, mask=m, other=0)
+        new_bin = j
+        if not all_same:
+            below = tl.zeros([ROWS, RBLOCK], tl.int64)  # #{m' in [0, bins]: first_m' <= j}
+            above = tl.zeros([ROWS, RBLOCK], tl.int64) + bins + 1
             for _ in tl.static_range(NSTEPS):
                 active = below < above
                 k = (below + above) // 2
@@ -908,14 +923,14 @@ def _kl_accumulate_kernel(x_ptr, N, part_ptr, old_counts, old_lo, old_width, old
                 below = tl.where(active & le, k + 1, below)
                 above = tl.where(active & ~le, k, above)
             new_bin = tl.minimum(tl.maximum(below - 1, 0), bins - 1)
-            tl.atomic_add(counts_ptr + row * bins + new_bin, c, mask=m & (c != 0), sem="relaxed")
+        tl.atomic_add(counts_ptr + row * bins + new_bin, c, mask=m & (c != 0), sem="relaxed")
     if p == 0:
-        tl.store(out_ptr + row, lo)
-        tl.store(out_ptr + channels + row, width)
-        tl.store(out_ptr + 2 * channels + row, min_val)
-        tl.store(out_ptr + 3 * channels + row, max_val)
-        tl.store(out_ptr + 4 * channels + row, tl.minimum(low, tl.load(seen_min + row)))
-        tl.store(out_ptr + 5 * channels + row, tl.maximum(high, tl.load(seen_max + row)))
+        tl.store(out_ptr + row, lo, mask=rm)
+        tl.store(out_ptr + channels + row, width, mask=rm)
+        tl.store(out_ptr + 2 * channels + row, min_val, mask=rm)
+        tl.store(out_ptr + 3 * channels + row, max_val, mask=rm)
+        tl.store(out_ptr + 4 * channels + row, tl.minimum(low, tl.load(seen_min + row, mask=rm, other=0.0)), mask=rm)
+        tl.store(out_ptr + 5 * channels + row, tl.maximum(high, tl.load(seen_max + row, mask=rm, other=0.0)), mask=rm)
 
 
 def kl_accumulate(hist: tuple, seen: tuple, x: torch.Tensor, axis: int | None) -> tuple[tuple, tuple]:
@@ -927,19 +942,27 @@ def kl_accumulate(hist: tuple, seen: tuple, x: torch.Tensor, axis: int | None) -
     bins = old_counts.shape[-1]
     rows = _channel_rows(x, axis)
     channels, n = rows.shape
-    block = _block(rows)
-    per_row = max(1, min(max(triton.cdiv(n, block), triton.cdiv(bins, block)), max(1, _MAX_PROGRAMS // channels)))
+    if rows.device.type == "cpu":  # the interpreter runs programs one after another: rows at once, whole rows
+        block = rblock = min(triton.next_power_of_2(max(n, bins)), _CPU_BLOCK)
+        rows_per = max(1, min(triton.next_power_of_2(channels), (4 * _CPU_BLOCK) // block))
+        per_row = 1
+    else:
+        block, rows_per = _GPU_BLOCK, 1
+        per_row = max(1, min(max(triton.cdiv(n, block), triton.cdiv(bins, block)), max(1, _MAX_PROGRAMS // channels)))
+        rblock = min(block, triton.next_power_of_2(triton.cdiv(bins, per_row)))
     iters = triton.cdiv(triton.cdiv(n, per_row), block)
     hiters = triton.cdiv(triton.cdiv(bins, per_row), block)
+    riters = triton.cdiv(triton.cdiv(bins, per_row), rblock)
     device = x.device
     parts = torch.empty(2 * channels * per_row, dtype=torch.float32, device=device)
     counts = torch.empty((channels, bins), dtype=torch.int64, device=device)
     out = torch.empty((6, channels), dtype=torch.float32, device=device)  # lo, width, min, max, seen min, max
     state = [a.reshape(-1).contiguous() for a in (*hist[1:], *seen)]  # lo, width, min_val, max_val, seen min, max
     launch(_rows_range_kernel, (channels, per_row), rows, n, parts, counts, bins, per_row, iters, hiters, BLOCK=block)
-    launch(_kl_accumulate_kernel, (channels, per_row), rows, n, parts, old_counts.reshape(channels, bins).contiguous(),
-           *state, counts, bins, float(bins), per_row, iters, hiters, out,
-           PBLOCK=triton.next_power_of_2(per_row), BLOCK=block, NSTEPS=max(1, math.ceil(math.log2(bins + 2))))
+    launch(_kl_accumulate_kernel, (triton.cdiv(channels, rows_per), per_row), rows, n, parts,
+           old_counts.reshape(channels, bins).contiguous(), *state, counts, channels, bins, float(bins), per_row, iters,
+           riters, out, ROWS=rows_per, PBLOCK=triton.next_power_of_2(per_row), BLOCK=block, RBLOCK=rblock,
+           NSTEPS=max(1, math.ceil(math.log2(bins + 2))))
     lead = () if axis is None else (channels,)
     new_hist = (counts.reshape(lead + (bins,)),) + tuple(out[k].reshape(lead) for k in range(4))
     return new_hist, (out[4].reshape(lead), out[5].reshape(lead))
