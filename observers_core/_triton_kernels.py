@@ -29,8 +29,8 @@ from triton.language import core as _tl_core  # noqa: F401  (patched for the int
 
 from . import _namespace
 
-__all__ = ["clip_average", "histogram_update", "kl_accumulate", "kl_search_amax", "launch", "moving_average", "percentile_amax",
-           "range_abs_histogram"]
+__all__ = ["clip_average", "histogram_update", "kl_accumulate", "kl_curve", "kl_search_amax", "kl_search_applies",
+           "launch", "moving_average", "percentile_amax", "range_abs_histogram"]
 
 _INF = float("inf")
 _F32_MAX = 3.4028234663852886e38
@@ -823,32 +823,48 @@ def kl_search_applies(levels: int) -> bool:
     return levels <= 128 or levels & (levels - 1) == 0
 
 
-def kl_search_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor, levels: int) -> torch.Tensor:
-    """``families.calibration.search_amax("kl", ...)`` (``_calibration.kl_threshold`` with ``num_levels=levels``,
-    the defaults otherwise: ``start_bin = levels``, stride 1, no smoothing, the first bin flattened, ties to
-    the last within ``2**-40``) of a histogram of ``|x|``: int64 counts ``(..., bins)`` (below ``2**53``),
-    float32 grid ``lo``/``width`` ``(...)``. The amax per row on the device (float32), three kernels and no
-    host read: the prefix sums, the divergence of every candidate, the pick."""
+def kl_curve(counts: torch.Tensor, levels: int) -> torch.Tensor:
+    """``_calibration.kl_divergences(...).objective`` (``num_levels=levels``, the defaults otherwise) of int64
+    counts ``(C, bins)`` (below ``2**53``): the float64 divergence of every candidate ``i = levels .. bins``,
+    ``(C, bins - levels + 1)``, in two kernels (the prefix sums, the divergences). Each float64 operation is
+    the array code's, the group sums in NumPy's pairwise order: the NumPy host path's curve, bit for bit,
+    through the interpreter (whose logs are NumPy's)."""
     bins = counts.shape[-1]
-    if counts.dtype != torch.int64 or not 1 <= levels <= bins or not kl_search_applies(levels):
-        raise ValueError(f"kl_search_amax needs int64 counts and 1 <= levels <= bins, levels <= 128 or a power of "
-                         f"two, got {counts.dtype}, levels={levels}, bins={bins}")
-    rows = counts.reshape(-1, bins).contiguous()
+    if counts.dtype != torch.int64 or counts.ndim != 2 or not 1 <= levels <= bins or not kl_search_applies(levels):
+        raise ValueError(f"kl_curve needs int64 counts (C, bins) and 1 <= levels <= bins, levels <= 128 or a power "
+                         f"of two, got {counts.dtype} {tuple(counts.shape)}, levels={levels}")
+    rows = counts.contiguous()
     channels = rows.shape[0]
     candidates = bins - levels + 1
-    device = counts.device
-    prefix = torch.empty((channels, 3, bins + 1), dtype=torch.float64, device=device)
-    kl = torch.empty((channels, candidates), dtype=torch.float64, device=device)
-    amax = torch.empty(tuple(lo.shape), dtype=torch.float32, device=device)
-    # the interpreter runs programs one after another: few, large ones; a GPU: small blocks in registers
-    on_cpu = device.type == "cpu"
-    rows_per = max(1, min(triton.next_power_of_2(channels), 64 if on_cpu else 1))
+    prefix = torch.empty((channels, 3, bins + 1), dtype=torch.float64, device=counts.device)
+    kl = torch.empty((channels, candidates), dtype=torch.float64, device=counts.device)
+    on_cpu = counts.device.type == "cpu"  # the interpreter: few, large programs; a GPU: small blocks
+    rows_per = _kl_rows_per_program(channels, on_cpu)
     kblock = min(triton.next_power_of_2(channels * candidates), 8192 if on_cpu else 64)
     leaf = min(levels, 128)
     launch(_kl_prefix_kernel, (triton.cdiv(channels, rows_per),), rows, channels, bins, prefix, ROWS=rows_per,
            BLOCK=min(triton.next_power_of_2(bins), (1 << 14) // rows_per if on_cpu else 1024))
     launch(_kl_curve_kernel, (triton.cdiv(channels * candidates, kblock),), prefix, channels, bins, levels, leaf,
            candidates, kl, LEAVES=levels // leaf, KBLOCK=kblock)
+    return kl
+
+
+def _kl_rows_per_program(channels: int, on_cpu: bool) -> int:
+    return max(1, min(triton.next_power_of_2(channels), 64 if on_cpu else 1))
+
+
+def kl_search_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor, levels: int) -> torch.Tensor:
+    """``families.calibration.search_amax("kl", ...)`` (``_calibration.kl_threshold`` with ``num_levels=levels``,
+    the defaults otherwise: ``start_bin = levels``, stride 1, no smoothing, the first bin flattened, ties to
+    the last within ``2**-40``) of a histogram of ``|x|``: int64 counts ``(..., bins)`` (below ``2**53``),
+    float32 grid ``lo``/``width`` ``(...)``. The amax per row on the device (float32), three kernels and no
+    host read: :func:`kl_curve`, then the pick."""
+    bins = counts.shape[-1]
+    kl = kl_curve(counts.reshape(-1, bins), levels)
+    channels, candidates = kl.shape
+    amax = torch.empty(tuple(lo.shape), dtype=torch.float32, device=counts.device)
+    on_cpu = counts.device.type == "cpu"
+    rows_per = _kl_rows_per_program(channels, on_cpu)
     launch(_kl_pick_kernel, (triton.cdiv(channels, rows_per),), kl, channels, candidates, levels,
            lo.reshape(-1).contiguous(), width.reshape(-1).contiguous(), amax, ROWS=rows_per,
            BLOCK=min(triton.next_power_of_2(candidates), (1 << 14) // rows_per if on_cpu else 1024))
