@@ -748,15 +748,16 @@ def _kl_leaf_sum(cs_ptr, nz_ptr, i, km, levels, start, size, KBLOCK: tl.constexp
 
 
 @triton.jit
-def _kl_curve_kernel(prefix_ptr, channels, bins, levels, leaf, K, kl_ptr, LEAVES: tl.constexpr, KBLOCK: tl.constexpr):
+def _kl_curve_kernel(prefix_ptr, channels, bins, levels, leaf, K, kl_ptr, LEAVES: tl.constexpr, TREE: tl.constexpr,
+                     KBLOCK: tl.constexpr):
     """Program ``p``: ``_calibration._kl_strict`` of ``KBLOCK`` (row, candidate) pairs (``p * KBLOCK + lane``
     over ``channels * K``), candidate ``i = levels + k`` (``start_bin = levels``, stride 1), from the row's prefix sums (``_kl_prefix_kernel``), float64, each
     operation the array code's in its order:
     ``KL = (sum_{j<l} b log b + (b_l + t) log(b_l + t) - sum_g G log(G / n) - [b_l > 0] t log(G_l / n_l)) / T
     - log T + log C`` (kept ``C``, tail ``t = T - C``, last kept bin ``l = i - 1`` in group
     ``floor(l L / i)``), ``+inf`` where invalid. The sum over the ``L`` groups is NumPy's pairwise sum (the
-    host path's): one block (``L <= 128``), or ``LEAVES`` blocks of ``leaf = 128`` added as a perfect binary
-    tree (``L`` a power of two)."""
+    host path's): one block (``L <= 128``), or ``LEAVES = 2**TREE`` blocks of ``leaf = 128`` added as a
+    perfect binary tree (``L`` a power of two)."""
     flat = tl.program_id(0).to(tl.int64) * KBLOCK + tl.arange(0, KBLOCK)
     km = flat < channels * K
     row = tl.where(km, flat // K, 0)
@@ -777,7 +778,7 @@ def _kl_curve_kernel(prefix_ptr, channels, bins, levels, leaf, K, kl_ptr, LEAVES
         for f in tl.static_range(LEAVES):
             part = _kl_leaf_sum(cs_ptr, nz_ptr, i, km, levels, f * leaf, leaf, KBLOCK)
             sums = tl.where(column == f, part[:, None], sums)
-        for step in tl.static_range(LEAVES.bit_length() - 1):  # adjacent pairs, level by level
+        for step in tl.static_range(TREE):  # adjacent pairs, level by level
             sums = tl.sum(tl.reshape(sums, [KBLOCK, LEAVES >> (step + 1), 2]), axis=2)
         sum_glog = tl.reshape(sums, [KBLOCK])
     _, last_log_q = _kl_group_terms(cs_ptr, nz_ptr, i, ((i - 1) * levels) // i, levels, km)
@@ -845,7 +846,7 @@ def kl_curve(counts: torch.Tensor, levels: int) -> torch.Tensor:
     launch(_kl_prefix_kernel, (triton.cdiv(channels, rows_per),), rows, channels, bins, prefix, ROWS=rows_per,
            BLOCK=min(triton.next_power_of_2(bins), (1 << 14) // rows_per if on_cpu else 1024))
     launch(_kl_curve_kernel, (triton.cdiv(channels * candidates, kblock),), prefix, channels, bins, levels, leaf,
-           candidates, kl, LEAVES=levels // leaf, KBLOCK=kblock)
+           candidates, kl, LEAVES=levels // leaf, TREE=(levels // leaf).bit_length() - 1, KBLOCK=kblock)
     return kl
 
 
