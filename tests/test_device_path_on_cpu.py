@@ -190,3 +190,32 @@ def test_kl_search_kernel_takes_only_the_levels_it_sums_in_numpy_order():
     assert not tk.kl_search_applies(200)
     with pytest.raises(ValueError, match="levels"):
         tk.kl_search_amax(torch.zeros((1, 512), dtype=torch.int64), torch.zeros(1), torch.ones(1), 200)
+
+
+@pytest.mark.parametrize("axis", [None, 1], ids=["per_tensor", "per_channel"])
+def test_kl_accumulator_kernels_equal_the_host_accumulator(axis):
+    """The whole accumulator (the histogram's counts and grid, the running range: not in the state dict) after
+    sequences of every adversarial kind, float32 and float64 (which the kernels take), two at a time so the
+    grid grows, stays (its edges beyond float32's range or not) and re-bins."""
+    import array_api_compat.torch as txp
+
+    from observers_core.families import calibration as family
+
+    def accumulate(batches):
+        acc = family.kl_init(None if axis is None else batches[0].shape[axis], bins=64, device="cpu", xp=txp)
+        for x in batches:
+            acc = family.kl_accumulate(acc, x, axis=axis, xp=txp)
+        return [a.numpy().copy() for a in (*acc.hist, *acc.seen)]
+
+    pairs = [(kind, other) for i, kind in enumerate(KINDS) for other in (kind, KINDS[(i + 1) % len(KINDS)])]
+    for seed, (first, second) in enumerate(pairs):
+        batches = [torch.from_numpy(make_batch(kind, 3 * seed + k, (4, 8), "float64" if k == 2 else "float32",
+                                               ch_axis=1)) * (4.0 ** k)
+                   for k, kind in enumerate((first, second, first))]
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            host = accumulate(batches)
+            with cuda_path_on_cpu():
+                device = accumulate(batches)
+        for name, h, d in zip(("counts", "lo", "width", "min_val", "max_val", "seen_min", "seen_max"), host, device):
+            np.testing.assert_array_equal(d, h, err_msg=f"{first}, {second}, {first}: {name}")
