@@ -445,13 +445,19 @@ def batch_update(state: MinMaxState, x: Array, /, *, axis: int | None, config: C
         amax = _triton_kernels.percentile_amax(hist.counts, hist.lo, hist.width, config.percentile / 100)
     else:
         amax = search_amax(config.method, hist, config, xp)
+    return _clipped_average(state, lo, hi, amax, config.averaging_constant, xp), choice
+
+
+def _clipped_average(state: MinMaxState, lo: Array, hi: Array, amax: Array | None, averaging_constant: float,
+                     xp: Any) -> MinMaxState:
+    """:func:`clip_range` of ``(lo, hi)`` (``amax`` None: not clipped), then :func:`average_range` into ``state``."""
     if state.min_val.dtype == xp.float32 and lo.dtype == xp.float32 and triton_route(state.min_val, lo, xp=xp):
         from .. import _triton_kernels  # torch CUDA: clip_range and average_range in one kernel
 
-        return MinMaxState(*_triton_kernels.clip_average(*state, lo, hi, amax, config.averaging_constant)), choice
+        return MinMaxState(*_triton_kernels.clip_average(*state, lo, hi, amax, averaging_constant))
     if amax is not None:
         lo, hi = clip_range(lo, hi, amax, xp)
-    return average_range(state, lo, hi, config.averaging_constant, xp), choice
+    return average_range(state, lo, hi, averaging_constant, xp)
 
 
 def _percentile_kernel_applies(config: CalibConfig) -> bool:
@@ -528,14 +534,7 @@ def kl_merge(a: KLAccumulator, b: KLAccumulator, /, *, xp: Any = None) -> KLAccu
 def kl_update(state: MinMaxState, acc: KLAccumulator, /, *, config: CalibConfig, xp: Any) -> MinMaxState:
     """A KL update: the accumulated range clipped to the KL threshold of the accumulated histogram,
     averaged into ``state``."""
-    amax = search_amax("kl", acc.hist, config, xp)
-    lo, hi = acc.seen
-    if state.min_val.dtype == xp.float32 and lo.dtype == xp.float32 and triton_route(state.min_val, lo, xp=xp):
-        from .. import _triton_kernels  # torch CUDA: clip_range and average_range in one kernel
-
-        return MinMaxState(*_triton_kernels.clip_average(*state, lo, hi, amax, config.averaging_constant))
-    lo, hi = clip_range(lo, hi, amax, xp)
-    return average_range(state, lo, hi, config.averaging_constant, xp)
+    return _clipped_average(state, *acc.seen, search_amax("kl", acc.hist, config, xp), config.averaging_constant, xp)
 
 
 class KLState(NamedTuple):
