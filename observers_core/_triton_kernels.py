@@ -9,7 +9,10 @@ contraction of ``a * b + c``: launched with ``enable_fp_fusion=False``), so the 
 path's bit for bit (tests/test_device_path_on_cpu.py runs every kernel through Triton's interpreter).
 Integer counts are added with integer atomics (exact, order-free). The re-binned old histogram is a
 float32 scatter-add: in index order under the interpreter (as the host path adds), in any order on a GPU
-(as torch's CUDA ``index_add_`` that it replaces).
+(as torch's CUDA ``index_add_`` that it replaces). The KL search computes in float64 (the array code's
+work dtype; float64 ``/`` is IEEE division), its group sums in NumPy's pairwise order: its curve is the
+NumPy host path's bit for bit under the interpreter; torch's own sum order and logs may differ from it in
+the last bits (docs/gpu-kernels.md).
 
 CPU tensors run through Triton's interpreter, per launch (:func:`launch`), whether or not triton was
 imported with ``TRITON_INTERPRET=1``.
