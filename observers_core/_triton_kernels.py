@@ -581,7 +581,8 @@ def _rows_range_kernel(x_ptr, N, part_ptr, counts_ptr, bins, R, ITERS, HITERS, B
 def _abs_histogram_kernel(x_ptr, N, part_ptr, counts_ptr, bins, binsf, R, ITERS, lo_out, hi_out, grid_out,
                           PBLOCK: tl.constexpr, BLOCK: tl.constexpr):
     """Program ``(row, p)``: the row's range and grid from the partials, then ``|x|`` of its part of the row
-    counted (``_count_abs``); program ``(row, 0)`` writes the row's range and the histogram's ``lo, width, min_val, max_val``."""
+    counted (``_count_abs``); program ``(row, 0)`` writes the row's range and the histogram's ``lo, width,
+    min_val, max_val``."""
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     low, high = _row_range(part_ptr, row, R, PBLOCK)
@@ -754,8 +755,8 @@ def _kl_leaf_sum(cs_ptr, nz_ptr, i, km, levels, start, size, KBLOCK: tl.constexp
 def _kl_curve_kernel(prefix_ptr, channels, bins, levels, leaf, K, kl_ptr, LEAVES: tl.constexpr, TREE: tl.constexpr,
                      KBLOCK: tl.constexpr):
     """Program ``p``: ``_calibration._kl_strict`` of ``KBLOCK`` (row, candidate) pairs (``p * KBLOCK + lane``
-    over ``channels * K``), candidate ``i = levels + k`` (``start_bin = levels``, stride 1), from the row's prefix sums (``_kl_prefix_kernel``), float64, each
-    operation the array code's in its order:
+    over ``channels * K``), candidate ``i = levels + k`` (``start_bin = levels``, stride 1), from the row's
+    prefix sums (``_kl_prefix_kernel``), float64, each operation the array code's in its order:
     ``KL = (sum_{j<l} b log b + (b_l + t) log(b_l + t) - sum_g G log(G / n) - [b_l > 0] t log(G_l / n_l)) / T
     - log T + log C`` (kept ``C``, tail ``t = T - C``, last kept bin ``l = i - 1`` in group
     ``floor(l L / i)``), ``+inf`` where invalid. The sum over the ``L`` groups is NumPy's pairwise sum (the
@@ -799,8 +800,8 @@ def _kl_curve_kernel(prefix_ptr, channels, bins, levels, leaf, K, kl_ptr, LEAVES
 @triton.jit
 def _kl_pick_kernel(kl_ptr, channels, K, levels, lo_ptr, width_ptr, amax_out, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     """Programs of ``ROWS`` rows: ``_calibration._pick(ties="last")`` with the float64 tie tolerance ``2**-40``:
-    the largest candidate within ``2**-40`` of the least divergence (the last one where none is: a NaN), and
-    its threshold, the edge ``(lo / width + i) * width`` (float32)."""
+    the largest candidate within ``2**-40`` of the least divergence (the last one where none is, as for a NaN
+    minimum), and its threshold, the edge ``(lo / width + i) * width`` (float32)."""
     row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     rm = row < channels
     r = tl.arange(0, BLOCK)[None, :]
@@ -808,7 +809,7 @@ def _kl_pick_kernel(kl_ptr, channels, K, levels, lo_ptr, width_ptr, amax_out, RO
     best = tl.full([ROWS, BLOCK], float("inf"), tl.float64)
     for start in range(0, K, BLOCK):
         m = rm[:, None] & (start + r < K)
-        best = tl.minimum(best, tl.load(src + start + r, mask=m, other=float("inf")))
+        best = tl.minimum(best, tl.load(src + start + r, mask=m, other=float("inf")), propagate_nan=tl.PropagateNan.ALL)
     limit = tl.min(best, axis=1)[:, None] + 9.094947017729282e-13  # + 2**-40
     last = tl.full([ROWS], -1, tl.int32)
     for start in range(0, K, BLOCK):

@@ -171,7 +171,8 @@ def test_kl_kernels_give_the_numpy_curve_and_threshold(bins, levels):
     width = np.float32(2.0) ** np.arange(-3, counts.shape[0] - 3, dtype=np.float32)
     width[4] = 0.0  # an empty grid
     lo = np.zeros_like(width)
-    edges = (lo[:, None] / np.where(width > 0, width, 1)[:, None] + np.arange(bins + 1, dtype=np.float32)) * width[:, None]
+    start = lo[:, None] / np.where(width > 0, width, 1)[:, None]
+    edges = (start + np.arange(bins + 1, dtype=np.float32)) * width[:, None]
     curve = kl_divergences(counts, edges, num_levels=levels, check=False).objective
     threshold = kl_threshold(counts, edges, num_levels=levels, check=False)
     with cuda_path_on_cpu():
