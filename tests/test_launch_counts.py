@@ -4,9 +4,9 @@ the counting of benchmarks/device_path_ops.py (:func:`observers_core.testing.cou
 launches; views and allocations are not launches; host synchronisations counted apart).
 
 Held here: HistogramObserver.forward <= 8 and no sync; HistogramObserver.calculate_qparams <= 20 and one
-sync; PercentileObserver.forward (per tensor and per channel) <= 12; every torch.ao MinMax-family class no
-more than torch.ao's own forward. Not yet held (part of the step still runs the array code;
-docs/gpu-kernels.md lists the counts): the KL, MSE and Mix forwards.
+sync; PercentileObserver.forward and KLObserver.forward (per tensor and per channel) <= 12; every torch.ao
+MinMax-family class no more than torch.ao's own forward. Not yet held (part of the step still runs the
+array code; docs/gpu-kernels.md lists the counts): the MSE and Mix forwards.
 """
 
 from __future__ import annotations
@@ -64,6 +64,21 @@ def test_percentile_forward_launches_at_most_12(kwargs):
     counted = count(("PercentileObserver", kwargs), BATCHES)
     assert counted.launches <= 12, counted
     assert counted.syncs == 0, counted
+
+
+KL_KERNELS = {"_rows_range_kernel", "_kl_accumulate_kernel", "_kl_prefix_kernel", "_kl_curve_kernel",
+              "_kl_pick_kernel", "_clip_average_kernel"}
+
+
+@pytest.mark.parametrize("kwargs", [{}, PER_CHANNEL], ids=["per_tensor", "per_channel"])
+def test_kl_forward_launches_at_most_12_and_never_syncs(kwargs):
+    """The accumulator update, the KL search and the clipped average all run the Triton kernels (the third
+    forward: the accumulator's grid and the KL update both run)."""
+    batches = BATCHES if not kwargs else batches_of((8, 64))  # (fewer channels: the interpreter is slow)
+    counted = count(("KLObserver", kwargs), batches)
+    assert counted.launches <= 12, counted
+    assert counted.syncs == 0, counted
+    assert set(counted.triton) == KL_KERNELS and sum(counted.triton.values()) == len(KL_KERNELS), counted
 
 
 @pytest.mark.parametrize("name", MINMAX)
