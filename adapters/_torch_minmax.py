@@ -325,6 +325,12 @@ class TorchBuffers(TorchModule):
         device = like.device.type
         return torch.tensor([1.0], device=device), torch.tensor([0], device=device)
 
+    def _unseen_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:  # the generic calculate_qparams' hooks
+        return self._default_qparams(self._buffers["min_val"])
+
+    def _compute_qparams(self, state: MinMaxState) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._calculate_qparams(*state)
+
     def _validate_qmin_qmax(self, quant_min: int, quant_max: int) -> None:
         """``ValueError`` unless ``quant_min <= 0 <= quant_max`` and ``quant_min < quant_max``."""
         validate_qmin_qmax(quant_min, quant_max)
@@ -389,29 +395,24 @@ class TorchBuffers(TorchModule):
     def reset_min_max_vals(self):
         raise NotImplementedError("Cannot reset min/max values in the given observer.")
 
-
     def extra_repr(self):
         return self._repr_suffix().removeprefix(", ")
 
-    def calculate_qparams(self):  # type: ignore[override]
-        r"""``calculate_qparams(min_val, max_val)`` of the buffers (scale, zero point; per channel for a (C,) range)."""
-        return self._calculate_qparams(self.min_val, self.max_val)
-
 
 class TorchRange:
-    """Per-tensor min/max: qparams of the 0-d buffers."""
-
-    def calculate_qparams(self):  # type: ignore[override]
-        r"""Scale and zero point of the observed range."""
-        return self._calculate_qparams(self.min_val, self.max_val)
+    """The min/max observers' reset and repr (torch.ao's base class refuses the reset)."""
 
     def extra_repr(self):
         return f"min_val={self.min_val}, max_val={self.max_val}" + self._repr_suffix()
 
     def reset_min_max_vals(self):
-        """Resets the min/max values to "nothing observed" (``inf``/``-inf``)."""
-        self.min_val.fill_(INF)
-        self.max_val.fill_(-INF)
+        """Resets the range to "nothing observed": ``inf``/``-inf`` per tensor, empty buffers per channel (dtype
+        and device kept, the channel count forgotten)."""
+        if self._PER_CHANNEL:
+            self._empty_buffers()
+        else:
+            self.min_val.fill_(INF)
+            self.max_val.fill_(-INF)
 
 
 class TorchPerChannel(TorchRange):
@@ -440,12 +441,6 @@ class TorchPerChannel(TorchRange):
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
 
-    def reset_min_max_vals(self):
-        """Empties the per-channel buffers (dtype and device kept), as before the first batch."""
-        self._empty_buffers()
-
-    def extra_repr(self):
-        return f"min_val={self.min_val}, max_val={self.max_val}" + self._repr_suffix()
 
 
 # -- state dicts ----------------------------------------------------------------------------------
