@@ -28,7 +28,7 @@ from .. import (
 from .._dtypes import check_int32_zero_points
 from .._qparams import UNINITIALIZED_WARNING
 from .._state_dict import check_minmax_entries
-from .._validate import INF, check_bool, check_channel_count
+from .._validate import INF, check_bool
 from ..families import minmax as minmax_family
 from . import _array_observers as _base
 from ._torch_backend import TORCH, TORCH_DTYPES, TORCH_QSCHEMES, to_core_dtype, to_core_qscheme
@@ -367,10 +367,6 @@ class TorchBuffers(TorchModule):
     def _new_state(self, x: torch.Tensor, channels: int | None) -> MinMaxState:
         like = self._buffers["min_val"]
         return minmax_init(num_channels=channels, dtype=like.dtype, device=like.device, xp=TORCH.fast_xp)
-
-    def _check_fits(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> None:
-        if axis is not None:  # (the device is checked with the input)
-            check_channel_count(x.shape[axis], tuple(state.min_val.shape), self.ch_axis)
 
     def _compute_update(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> MinMaxState:
         """One step of the min/max family (:func:`observers_core.families.minmax.step`). Per channel the
