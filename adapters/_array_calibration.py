@@ -141,6 +141,12 @@ class KLSteps(CalibrationSteps):
             self._kl_ran = True
 
 
+def _kl_step(state, acc, x, *, axis, config, update, collective, xp):
+    """KLObserver's batch: ``kl_accumulate``, then (``update``) ``kl_update``."""
+    acc = kl_accumulate(acc, x, axis=axis, xp=xp, collective=collective)
+    return acc, (kl_update(state, acc, config=config, xp=xp) if update else None)
+
+
 # ---------------------------------------------------------------------------------------- classes
 
 
@@ -216,9 +222,13 @@ class _CalibrationObserver(CalibrationSteps, UniformQuantizationObserverBase):
         return backend, is_sync_quantize
 
     # -- the core's steps, through the backend -------------------------------------------------
+    def _search_config(self) -> Any:
+        """The configuration the steps use (here ``config``; torch re-reads its assignable attributes)."""
+        return self.config
+
     def _compute_batch(self, state: MinMaxState, x: Array, axis: int | None,
                        collective: Any = None) -> tuple[MinMaxState, Array | None]:
-        return self._backend.run(batch_update, state, x, axis=axis, config=self.config, xp=self._xp,
+        return self._backend.run(batch_update, state, x, axis=axis, config=self._search_config(), xp=self._xp,
                                  collective=collective)  # fmt: skip
 
     def _compute_update(self, state: MinMaxState, x: Array, axis: int | None, collective: Any = None) -> MinMaxState:
@@ -397,12 +407,13 @@ class KLObserver(KLSteps, _CalibrationObserver):
         return self._backend.run(kl_accumulate, acc, x, axis=axis, xp=self._xp, collective=collective)
 
     def _compute_kl(self, state: MinMaxState, acc: KLAccumulator) -> MinMaxState:
-        return self._backend.run(kl_update, state, acc, config=self.config, xp=self._xp)
+        return self._backend.run(kl_update, state, acc, config=self._search_config(), xp=self._xp)
 
     def _kl_batch(self, state: MinMaxState, acc: KLAccumulator, x: Array, axis: int | None, kl_due: bool,
                   collective: Any) -> tuple[KLAccumulator, MinMaxState | None]:
-        acc = self._compute_accumulate(acc, x, axis, collective)
-        return acc, self._compute_kl(state, acc) if kl_due else None
+        """Both steps in one ``_backend.run`` (torch: one pass to NumPy views and back)."""
+        return self._backend.run(_kl_step, state, acc, x, axis=axis, config=self._search_config(), update=kl_due,
+                                 xp=self._xp, collective=collective)
 
     def init_accumulator(self, num_channels: int | None = None) -> KLAccumulator:
         """An empty accumulator (of ``num_channels`` channels for a per-channel observer)."""

@@ -445,15 +445,15 @@ class UniformQuantizationObserverBase(StatefulObserver):
         ``z = clamp(Q_min - round(min(x_min, 0) / s), Q_min, Q_max)``; symmetric
         ``s = max(max(-min(x_min, 0), max(x_max, 0)) / ((Q_max - Q_min) / 2), eps)``, fixed ``z``.
 
-        Before any input: ``scale=[1.], zero_point=[0]`` with a warning, as torch."""
-        if self._state is None:
-            warnings.warn(UNINITIALIZED_WARNING, UserWarning, stacklevel=2)
-            xp = self._xp
-            return QParams(
-                xp.asarray([1.0], dtype=xp.float32, device=self._device),
-                xp.asarray([0], dtype=index_dtype(xp), device=self._device),
-            )
-        return self._compute_qparams(self._state)
+        Before any input: ``scale=[1.], zero_point=[0]`` with a warning, as torch (``_unseen_qparams``)."""
+        state = self._read_state()
+        return self._unseen_qparams() if state is None else self._compute_qparams(state)
+
+    def _unseen_qparams(self) -> QParams:
+        warnings.warn(UNINITIALIZED_WARNING, UserWarning, stacklevel=3)
+        xp = self._xp
+        return QParams(xp.asarray([1.0], dtype=xp.float32, device=self._device),
+                       xp.asarray([0], dtype=index_dtype(xp), device=self._device))
 
     # -- state dict: ``{"eps": (1,), "min_val": (), "max_val": ()}``, per channel ``(C,)`` (``(0,)`` before the
     # first input), float32, with torch's key names, order and shapes --------------------------------------

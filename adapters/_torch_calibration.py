@@ -47,7 +47,7 @@ from observers_core.families import calibration as family
 from . import _array_calibration as _base
 from ._torch_distributed import merge_keys
 from ._torch_backend import TORCH
-from ._torch_minmax import all_or_nothing
+from ._torch_minmax import TorchRange, all_or_nothing
 
 
 #: KLObserver's non-persistent buffers: the fields of ``KLAccumulator`` (histogram, then range).
@@ -101,10 +101,6 @@ class TorchCalibration:
             self.config = config
         return config
 
-    def _compute_batch(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> tuple:
-        return TORCH.run(family.batch_update, state, x, axis=axis, config=self._search_config(), xp=TORCH.xp,
-                         collective=collective)
-
     # -- qparams and state ---------------------------------------------------------------------
     @all_or_nothing
     def _load_from_state_dict(
@@ -120,21 +116,11 @@ class TorchCalibration:
 
     def reset_min_max_vals(self):
         """Forget the averaged range (per channel, the channel count too)."""
-        if self._PER_CHANNEL:
-            self._empty_buffers()
-        else:
-            self.min_val.fill_(INF)
-            self.max_val.fill_(-INF)
+        TorchRange.reset_min_max_vals(self)
         self.last_choice = None
 
     def extra_repr(self):
         return family.describe(self.config, self.ch_axis) + f", min_val={self.min_val}, max_val={self.max_val}"
-
-
-def _kl_step(state, acc, x, *, axis, config, update, collective, xp):
-    """KLObserver's batch in one ``TORCH.run``: ``kl_accumulate``, then (``update``) ``kl_update``."""
-    acc = family.kl_accumulate(acc, x, axis=axis, xp=xp, collective=collective)
-    return acc, (family.kl_update(state, acc, config=config, xp=xp) if update else None)
 
 
 class TorchKL(TorchCalibration):
@@ -189,14 +175,6 @@ class TorchKL(TorchCalibration):
     def _write_accumulator(self, acc: family.KLAccumulator) -> None:
         for name, value in zip(_ACC_BUFFERS, (*acc.hist, *acc.seen)):
             self._buffers[name] = value
-
-    def _new_accumulator(self, x: torch.Tensor, num_channels: int | None) -> family.KLAccumulator:
-        return family.kl_init(num_channels, bins=self.config.bins, device=x.device, xp=TORCH.xp)
-
-    def _kl_batch(self, state, acc, x, axis, kl_due, collective):
-        """Both steps in one ``TORCH.run`` (one pass to NumPy views and back)."""
-        return TORCH.run(_kl_step, state, acc, x, axis=axis, config=self._search_config(), update=kl_due, xp=TORCH.xp,
-                         collective=collective)
 
     def _nothing_seen(self) -> bool:
         """Whether the buffers are empty or ``+inf``/``-inf`` everywhere (per tensor they start so)."""

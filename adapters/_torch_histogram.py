@@ -55,7 +55,6 @@ from observers_core._l2_search import (
     non_linear_param_search,
     quantization_error,
 )
-from observers_core._state_dict import check_entry
 from observers_core._validate import INF
 from observers_core.families import histogram as family
 
@@ -221,10 +220,9 @@ class TorchHistogram:
                     state_dict[keys[name]] = torch.tensor(fill)
         if all(isinstance(state_dict.get(k), torch.Tensor) for k in keys.values()):
             # checked before anything changes; the values are then copied into the buffers by the base
-            entries = [check_entry(state_dict[k], k, None) for k in keys.values()]
-            hist, lo, hi = family.check_loaded_state(*entries, bins=self.bins, owner="HistogramObserver")
-            for name, value in zip(keys, (hist, lo, hi)):
-                state_dict[keys[name]] = torch.from_numpy(value)
+            checked = self._checked_entries({name: state_dict[key] for name, key in keys.items()})
+            for key, value in zip(keys.values(), checked):
+                state_dict[key] = torch.from_numpy(value)
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )

@@ -28,7 +28,7 @@ from .. import (
 from .._dtypes import check_int32_zero_points
 from .._qparams import UNINITIALIZED_WARNING
 from .._state_dict import check_minmax_entries
-from .._validate import INF, check_bool, check_channel_count
+from .._validate import INF, check_bool
 from ..families import minmax as minmax_family
 from . import _array_observers as _base
 from ._torch_backend import TORCH, TORCH_DTYPES, TORCH_QSCHEMES, to_core_dtype, to_core_qscheme
@@ -325,6 +325,12 @@ class TorchBuffers(TorchModule):
         device = like.device.type
         return torch.tensor([1.0], device=device), torch.tensor([0], device=device)
 
+    def _unseen_qparams(self) -> tuple[torch.Tensor, torch.Tensor]:  # the generic calculate_qparams' hooks
+        return self._default_qparams(self._buffers["min_val"])
+
+    def _compute_qparams(self, state: MinMaxState) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._calculate_qparams(*state)
+
     def _validate_qmin_qmax(self, quant_min: int, quant_max: int) -> None:
         """``ValueError`` unless ``quant_min <= 0 <= quant_max`` and ``quant_min < quant_max``."""
         validate_qmin_qmax(quant_min, quant_max)
@@ -362,10 +368,6 @@ class TorchBuffers(TorchModule):
         like = self._buffers["min_val"]
         return minmax_init(num_channels=channels, dtype=like.dtype, device=like.device, xp=TORCH.fast_xp)
 
-    def _check_fits(self, state: MinMaxState, x: torch.Tensor, axis: int | None) -> None:
-        if axis is not None:  # (the device is checked with the input)
-            check_channel_count(x.shape[axis], tuple(state.min_val.shape), self.ch_axis)
-
     def _compute_update(self, state: MinMaxState, x: torch.Tensor, axis: int | None, collective) -> MinMaxState:
         """One step of the min/max family (:func:`observers_core.families.minmax.step`). Per channel the
         channel axis is swapped to the front first, as torch does, so that the reduction visits the
@@ -389,29 +391,24 @@ class TorchBuffers(TorchModule):
     def reset_min_max_vals(self):
         raise NotImplementedError("Cannot reset min/max values in the given observer.")
 
-
     def extra_repr(self):
         return self._repr_suffix().removeprefix(", ")
 
-    def calculate_qparams(self):  # type: ignore[override]
-        r"""``calculate_qparams(min_val, max_val)`` of the buffers (scale, zero point; per channel for a (C,) range)."""
-        return self._calculate_qparams(self.min_val, self.max_val)
-
 
 class TorchRange:
-    """Per-tensor min/max: qparams of the 0-d buffers."""
-
-    def calculate_qparams(self):  # type: ignore[override]
-        r"""Scale and zero point of the observed range."""
-        return self._calculate_qparams(self.min_val, self.max_val)
+    """The min/max observers' reset and repr (torch.ao's base class refuses the reset)."""
 
     def extra_repr(self):
         return f"min_val={self.min_val}, max_val={self.max_val}" + self._repr_suffix()
 
     def reset_min_max_vals(self):
-        """Resets the min/max values to "nothing observed" (``inf``/``-inf``)."""
-        self.min_val.fill_(INF)
-        self.max_val.fill_(-INF)
+        """Resets the range to "nothing observed": ``inf``/``-inf`` per tensor, empty buffers per channel (dtype
+        and device kept, the channel count forgotten)."""
+        if self._PER_CHANNEL:
+            self._empty_buffers()
+        else:
+            self.min_val.fill_(INF)
+            self.max_val.fill_(-INF)
 
 
 class TorchPerChannel(TorchRange):
@@ -440,12 +437,6 @@ class TorchPerChannel(TorchRange):
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
         )
 
-    def reset_min_max_vals(self):
-        """Empties the per-channel buffers (dtype and device kept), as before the first batch."""
-        self._empty_buffers()
-
-    def extra_repr(self):
-        return f"min_val={self.min_val}, max_val={self.max_val}" + self._repr_suffix()
 
 
 # -- state dicts ----------------------------------------------------------------------------------
