@@ -33,6 +33,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from .._collective import check_collective, reduce_range
 from .._mx import MX_ELEMENTS, e8m0_to_float, floor_log2, round_to_element
 from .._histogram import true_divide
@@ -494,36 +496,52 @@ def error_table(observed: Array, min_vals: Array, max_vals: Array, config: Confi
     return xp.reshape(err, (t,) + tuple(min_vals.shape)), cmin, cmax
 
 
-def select_candidates(err: Array, cand_min: Array, cand_max: Array, min_vals: Array, max_vals: Array,
-                      config: Config, /, *, xp: Any = None) -> tuple[Array, Array]:
-    """llm-compressor's stopping rule applied to the whole error table: step ``i`` improves a group when
-    ``err[i] < best`` (``best`` starts at the error dtype's max; NaN never improves); the loop stops after
-    ``patience`` consecutive steps in which no group improved (imatrix: never when ``patience == 0``).
-    The range of each group's last improving step among those run, else ``(min_vals, max_vals)``."""
+def improvements(err: Array, /, *, xp: Any = None) -> Array:
+    """``improved[i] = err[i] < min(max, err[0], ..., err[i - 1])`` per group (bool, ``err``'s shape): the
+    eager loop's ``err < best_error`` with ``best_error`` starting at the error dtype's max, before any
+    stop (NaN never improves)."""
     xp = array_namespace(err, xp=xp)
-    t = err.shape[0]
-    big = float(xp.finfo(err.dtype).max)
-    best = xp.full(err.shape[1:], big, dtype=err.dtype, device=device_of(err))
-    never = xp.full(err.shape[1:], -1, dtype=xp.int32, device=device_of(err))
-    pick = never
-    stopped = xp.zeros((), dtype=xp.bool, device=device_of(err))
-    stale = xp.zeros((), dtype=xp.int32, device=device_of(err))
-    reduce_axes = tuple(range(err.ndim - 1))
+    best = xp.full(err.shape[1:], float(xp.finfo(err.dtype).max), dtype=err.dtype, device=device_of(err))
+    out = []
+    for i in range(err.shape[0]):
+        e = err[i, ...]
+        better = e < best
+        best = xp.where(better, e, best)
+        out.append(better)
+    return xp.stack(out, axis=0)
+
+
+def pick_steps(improved: Array, config: Config, /, *, xp: Any = None) -> Array:
+    """Each group's chosen step (int32, -1: none) from :func:`improvements`: the steps run are those before
+    the loop stops, after ``patience`` consecutive steps in which no group improved (imatrix: never when
+    ``patience == 0``); the choice is the last improving step among them."""
+    xp = array_namespace(improved, xp=xp)
+    t = improved.shape[0]
+    dev = device_of(improved)
+    pick = xp.full(improved.shape[1:], -1, dtype=xp.int32, device=dev)
+    stopped = xp.zeros((), dtype=xp.bool, device=dev)
+    stale = xp.zeros((), dtype=xp.int32, device=dev)
+    reduce_axes = tuple(range(improved.ndim - 1))
     stops = config.patience > 0 or config.search != "imatrix"
     for i in range(t):
-        e = err[i, ...]
-        improved = (e < best) & ~stopped
-        best = xp.where(improved, e, best)
-        pick = xp.where(improved, xp.full_like(pick, i), pick)
-        if reduce_axes:
-            any_improved = xp.any(improved, axis=reduce_axes)
-        else:
-            any_improved = improved
-        stale = xp.where(any_improved, xp.zeros_like(stale), stale + 1)
+        hit = improved[i, ...] & ~stopped
+        pick = xp.where(hit, xp.full_like(pick, i), pick)
+        any_hit = xp.any(hit, axis=reduce_axes) if reduce_axes else hit
+        stale = xp.where(any_hit, xp.zeros_like(stale), stale + 1)
         if stops:
-            stopped = stopped | (~any_improved & (stale >= config.patience))
+            stopped = stopped | (~any_hit & (stale >= config.patience))
+    return pick
+
+
+def select_candidates(err: Array, cand_min: Array, cand_max: Array, min_vals: Array, max_vals: Array,
+                      config: Config, /, *, xp: Any = None) -> tuple[Array, Array]:
+    """llm-compressor's stopping rule applied to the whole error table (:func:`improvements`,
+    :func:`pick_steps`): the range of each group's last improving step among those run, else
+    ``(min_vals, max_vals)``."""
+    xp = array_namespace(err, xp=xp)
+    pick = pick_steps(improvements(err, xp=xp), config, xp=xp)
     best_min, best_max = min_vals, max_vals
-    for i in range(t):
+    for i in range(err.shape[0]):
         hit = pick == i
         best_min = xp.where(hit, cand_min[i, ...], best_min)
         best_max = xp.where(hit, cand_max[i, ...], best_max)
@@ -532,14 +550,106 @@ def select_candidates(err: Array, cand_min: Array, cand_max: Array, min_vals: Ar
 
 def grid_search(observed: Array, config: Config, /, *, weights: Array | None = None,
                 xp: Any = None) -> tuple[Array, Array]:
-    """The searched ``(min_vals, max_vals)`` of a flattened batch (see the module docstring)."""
+    """The searched ``(min_vals, max_vals)`` of a flattened batch (see the module docstring). Host arrays
+    (NumPy, torch CPU) of float32 take :func:`_screened_search` where numba is available."""
     xp = array_namespace(observed, xp=xp)
     mn = xp.min(observed, axis=(0, observed.ndim - 1)) * config.expand
     mx = xp.max(observed, axis=(0, observed.ndim - 1)) * config.expand
     if not config.shrink_factors():
         return mn, mx
+    screened = _screened_search(observed, mn, mx, config, weights, xp)
+    if screened is not None:
+        return screened
     err, cmin, cmax = error_table(observed, mn, mx, config, weights=weights, xp=xp)
     return select_candidates(err, cmin, cmax, mn, mx, config, xp=xp)
+
+
+#: the screen's relative margin stays below this (else the array code runs: most groups would be exact anyway)
+_SCREEN_MAX_MARGIN = 2.0**-10
+
+
+def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weights: Array | None,
+                     xp: Any) -> tuple[Array, Array] | None:
+    """:func:`grid_search` for float32 host arrays through a compiled screen
+    (:func:`~observers_core._compiled.grid_screen_kernel`), the same result; ``None`` where it does not
+    apply (no numba, another dtype or device, sums too long for a useful margin).
+
+    The kernel computes every candidate's ``fq(x)`` exactly and ``sum w |fq(x) - x| ** norm`` approximately
+    (``A``); the array code's float32 error ``E`` (whose ``pow`` is within 1 ulp, and whose sum of ``c``
+    positive terms in any order is within ``(c - 1) 2**-24`` of the exact sum) lies in ``[lo, hi] = A (1 -/+
+    r) -/+ a`` with ``r = (c + 3) 2**-24 +`` the kernel's error and ``a = c 2**-147 max(1, max w)`` (a subnormal term's
+    error). A step improves a
+    group for sure when ``hi[i] < min(lo[:i])`` and surely not when ``lo[i] >= min(hi[:i])`` (both bounded by
+    the dtype's max); a group with any other step (a near tie, a non-finite value) has its whole error row
+    computed by :func:`error_table` (the array code's bits), then :func:`improvements`; :func:`pick_steps`
+    applies the stopping rule to the merged table."""
+    from .. import _compiled
+
+    kernel = _compiled.grid_screen_kernel
+    if kernel is None or _dtype_name(observed.dtype) != "float32":
+        return None
+    if weights is not None and _dtype_name(weights.dtype) != "float32":
+        return None
+    x_np = _compiled.host_view(observed, xp)
+    w_np = None if weights is None else _compiled.host_view(weights, xp)
+    if x_np is None or (weights is not None and w_np is None):
+        return None
+    n, gs = observed.shape[0], observed.shape[-1]
+    count = n * gs
+    w_max = 1.0 if w_np is None or w_np.size == 0 else max(1.0, float(np.max(w_np)))
+    rel = (count + 3 + (weights is not None)) * 2.0**-24 + _compiled.SCREEN_ERROR
+    if rel > _SCREEN_MAX_MARGIN or not math.isfinite(w_max) or not 0 < config.norm <= 6:
+        return None
+    cfg = config
+    if cfg.strategy == "tensor_group" and cfg.scale_dtype is not None:
+        cfg = replace(cfg, scale_dtype=None)  # the search runs without the global scale
+    factors_list = config.shrink_factors()
+    t = len(factors_list)
+    g = size(mn)
+    factors = xp.asarray(factors_list, dtype=xp.float32, device=device_of(observed))
+    cmin = xp.reshape(_candidates(mn, factors, xp), (t, g))
+    cmax = xp.reshape(_candidates(mx, factors, xp), (t, g))
+    s, z = calculate_qparams(cmin, cmax, cfg, xp=xp)
+    s_np = np.ascontiguousarray(_compiled.host_view(s, xp), dtype=np.float32)
+    z_np = np.ascontiguousarray(_compiled.host_view(xp.astype(z, xp.float32), xp))
+    rows = np.ascontiguousarray(np.moveaxis(np.reshape(x_np, (n, g, gs)), 0, 1).reshape(g, count))
+    w_rows = (np.zeros((0, 0), dtype=np.float32) if w_np is None else
+              np.ascontiguousarray(np.moveaxis(np.reshape(w_np, (n, g, gs)), 0, 1).reshape(g, count)))
+    qmin, qmax = quant_range(cfg)
+    fmt = MX_ELEMENTS["fp8_e4m3" if cfg.num_bits == 8 else "fp4_e2m1"] if cfg.type == "float" else None
+    approx = np.zeros((t, g), dtype=np.float64)
+    bad = np.zeros(g, dtype=np.uint8)
+    norm = float(np.float32(cfg.norm))  # torch's pow takes the exponent as a float32 for float32 tensors
+    args = (rows, w_rows, s_np, z_np, not cfg.symmetric, qmin, qmax, fmt is not None,
+            0 if fmt is None else fmt.emin, 0 if fmt is None else fmt.mbits, norm, approx, bad)
+    _compiled.split_ranges(kernel, g, _compiled.threads(g * count * t, grain=1 << 22), *args,
+                           chunk=max(1, (1 << 18) // count))
+    big = float(np.finfo(np.float32).max)
+    lo = approx * (1 - rel) - count * 2.0**-147 * w_max
+    hi = approx * (1 + rel) + count * 2.0**-147 * w_max
+    unsure = (bad != 0) | ~np.all(np.isfinite(approx), axis=0) | np.any(hi >= big, axis=0)
+    improved = np.zeros((t, g), dtype=bool)
+    min_lo, min_hi = np.full(g, big), np.full(g, big)
+    for i in range(t):
+        improved[i] = hi[i] < min_lo
+        unsure |= ~(improved[i] | (lo[i] >= min_hi))
+        np.minimum(min_lo, lo[i], out=min_lo)
+        np.minimum(min_hi, hi[i], out=min_hi)
+    exact = np.flatnonzero(unsure)
+    if exact.size:
+        idx = xp.asarray(exact, device=device_of(observed))
+        sub = xp.take(xp.reshape(observed, (n, g, gs)), idx, axis=1)
+        w_sub = None if weights is None else xp.take(xp.reshape(weights, (n, g, gs)), idx, axis=1)
+        err, _, _ = error_table(sub, xp.take(xp.reshape(mn, (g,)), idx, axis=0),
+                                xp.take(xp.reshape(mx, (g,)), idx, axis=0), config, weights=w_sub, xp=xp)
+        improved[:, exact] = np.asarray(_compiled.host_view(improvements(err, xp=xp), xp))
+    pick = pick_steps(improved, config, xp=np)
+    cols = np.arange(g)
+    chosen = xp.asarray(np.where(pick >= 0, pick, 0) * g + cols, device=device_of(observed))
+    keep = xp.asarray(pick >= 0, device=device_of(observed))
+    best_min = xp.where(keep, xp.take(xp.reshape(cmin, (-1,)), chosen, axis=0), xp.reshape(mn, (g,)))
+    best_max = xp.where(keep, xp.take(xp.reshape(cmax, (-1,)), chosen, axis=0), xp.reshape(mx, (g,)))
+    return xp.reshape(best_min, tuple(mn.shape)), xp.reshape(best_max, tuple(mx.shape))
 
 
 # -------------------------------------------------------------------------------- state: init / update
