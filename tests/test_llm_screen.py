@@ -2,7 +2,8 @@
 error bounds, the array code's exact errors for near ties) against the array code (kernels off), bit for
 bit, on NumPy and torch CPU: int, FP4/FP8, NVFP4, MX and importance-weighted searches, on random, outlier,
 zero-row, tiny, huge, subnormal, integer-valued (exact ties), NaN/Inf and multi-observation inputs, every
-stopping rule, and with two kernel threads."""
+stopping rule, and with two kernel threads; and the Triton screen of the torch CUDA path (through Triton's
+interpreter under ``cuda_path_on_cpu``): one launch, the array code's bits."""
 
 from __future__ import annotations
 
@@ -122,3 +123,60 @@ def test_screen_activations_and_threads(monkeypatch):
         for c, ref in ((cfg, want), (big, want_big)):
             got = [np.asarray(a) for a in llm.grid_search(o, c)]
             assert all(np.array_equal(a, b) for a, b in zip(got, ref))
+
+
+_SLOW = pytest.mark.slow
+TRITON_CASES = [("int4-group", "random"), ("mxfp4", "nonfinite"), ("imatrix-int4", "random"),
+                pytest.param("int4-asym-p1", "zero_row", marks=_SLOW), pytest.param("fp8-asym", "integers", marks=_SLOW),
+                pytest.param("int2-tensor-p0", "tiny", marks=_SLOW), pytest.param("nvfp4-expanded", "outlier", marks=_SLOW)]
+
+
+def _bits(a):
+    return a.view(__import__("torch").int32)
+
+
+@pytest.mark.parametrize("name,kind", TRITON_CASES)
+def test_triton_screen_on_the_cuda_path(name, kind, monkeypatch):
+    """On the torch CUDA path (here: CPU tensors under ``cuda_path_on_cpu``, Triton's interpreter) the search
+    is one Triton launch and one host read, and gives the array code's bits (triton off)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from observers_core import _namespace
+    from observers_core.testing import count_launches, cuda_path_on_cpu
+
+    cfg = CONFIGS[name]
+    w = _weight(kind, 0, (8, 256))
+    imp = _importance(cfg, w.shape, 0)
+    o = llm.flatten(torch.from_numpy(w), cfg)
+    ww = None if imp is None else llm.flatten(torch.from_numpy(imp), cfg)
+    with cuda_path_on_cpu():
+        monkeypatch.setenv("OBSERVERS_CORE_NO_TRITON", "1")
+        _namespace._triton_available.cache_clear()
+        want = llm.grid_search(o, cfg, weights=ww)
+        monkeypatch.setenv("OBSERVERS_CORE_NO_TRITON", "0")
+        _namespace._triton_available.cache_clear()
+        with count_launches() as launches:
+            got = llm.grid_search(o, cfg, weights=ww)
+    _namespace._triton_available.cache_clear()
+    assert dict(launches.triton) == {"_grid_screen_kernel": 1} and launches.syncs <= 1
+    for a, b in zip(got, want):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def test_triton_screen_activations(monkeypatch):
+    """Several observations per group: the kernel's strided layout (value ``i`` of group ``g`` at
+    ``x[i // group, g, i % group]``)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from observers_core.testing import cuda_path_on_cpu
+
+    cfg = llm.Config(num_bits=8, type="float", strategy="tensor_group", group_size=16, search="mse",
+                     scale_dtype="float8_e4m3fn")
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal((5, 3, 64)).astype(np.float32))
+    o = llm.flatten(x, cfg, role="activation")
+    monkeypatch.setattr(_compiled, "ENABLED", False)
+    want = llm.grid_search(o, cfg)
+    with cuda_path_on_cpu():
+        got = llm.grid_search(o, cfg)
+    for a, b in zip(got, want):
+        assert torch.equal(_bits(a), _bits(b))

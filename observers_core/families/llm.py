@@ -566,90 +566,115 @@ def grid_search(observed: Array, config: Config, /, *, weights: Array | None = N
 
 #: the screen's relative margin stays below this (else the array code runs: most groups would be exact anyway)
 _SCREEN_MAX_MARGIN = 2.0**-10
+_FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weights: Array | None,
                      xp: Any) -> tuple[Array, Array] | None:
-    """:func:`grid_search` for float32 host arrays through a compiled screen
-    (:func:`~observers_core._compiled.grid_screen_kernel`), the same result; ``None`` where it does not
-    apply (no numba, another dtype or device, sums too long for a useful margin).
+    """:func:`grid_search` through a screen of every candidate, the same result: on host arrays (NumPy,
+    torch CPU) the compiled :func:`~observers_core._compiled.grid_screen_kernel`, on the torch CUDA path
+    one Triton launch (:func:`observers_core._triton_llm.grid_screen`). ``None`` where neither applies
+    (float32 input only; no numba / triton, another namespace or device; ``norm`` above 6; sums too long
+    for a useful margin).
 
     The kernel computes every candidate's ``fq(x)`` exactly and ``sum w |fq(x) - x| ** norm`` approximately
-    (``A``); the array code's float32 error ``E`` (whose ``pow`` is within 1 ulp, and whose sum of ``c``
-    positive terms in any order is within ``(c - 1) 2**-24`` of the exact sum) lies in ``[lo, hi] = A (1 -/+
-    r) -/+ a`` with ``r = (c + 3) 2**-24 +`` the kernel's error and ``a = c 2**-147 max(1, max w)`` (a subnormal term's
-    error). A step improves a
-    group for sure when ``hi[i] < min(lo[:i])`` and surely not when ``lo[i] >= min(hi[:i])`` (both bounded by
-    the dtype's max); a group with any other step (a near tie, a non-finite value) has its whole error row
-    computed by :func:`error_table` (the array code's bits), then :func:`improvements`; :func:`pick_steps`
-    applies the stopping rule to the merged table."""
+    (``A``, float64, within the kernel's ``SCREEN_ERROR``); the array code's float32 error ``E`` (``pow``
+    within 8 ulp, the weight's product within 1, a sum of ``c`` positive terms in any order within ``(c - 1)
+    2**-24`` of the exact sum) lies in ``[lo, hi] = A (1 -/+ r) -/+ a`` with ``r = (c + 20) 2**-24 +
+    SCREEN_ERROR`` and ``a = c 2**-147 max(1, max w)`` (a subnormal term's error). :func:`_screen_steps`
+    decides each step from these bounds; a group with any undecided step (a near tie, a non-finite value)
+    has its whole error row computed by :func:`error_table` (the array code's bits) and
+    :func:`improvements`; :func:`pick_steps` applies the stopping rule to the merged table. Reading which
+    groups are undecided is the one host read (a device sync on CUDA), once per tensor."""
     from .. import _compiled
+    from .._namespace import triton_route
 
-    kernel = _compiled.grid_screen_kernel
-    if kernel is None or _dtype_name(observed.dtype) != "float32":
-        return None
-    if weights is not None and _dtype_name(weights.dtype) != "float32":
-        return None
-    x_np = _compiled.host_view(observed, xp)
-    w_np = None if weights is None else _compiled.host_view(weights, xp)
-    if x_np is None or (weights is not None and w_np is None):
+    if _dtype_name(observed.dtype) != "float32" or (weights is not None and _dtype_name(weights.dtype) != "float32"):
         return None
     n, gs = observed.shape[0], observed.shape[-1]
     count = n * gs
-    w_max = 1.0 if w_np is None or w_np.size == 0 else max(1.0, float(np.max(w_np)))
-    rel = (count + 3 + (weights is not None)) * 2.0**-24 + _compiled.SCREEN_ERROR
-    if rel > _SCREEN_MAX_MARGIN or not math.isfinite(w_max) or not 0 < config.norm <= 6:
+    rel = (count + 20) * 2.0**-24 + _compiled.SCREEN_ERROR
+    if rel > _SCREEN_MAX_MARGIN or not 0 < config.norm <= 6:
+        return None
+    on_device = triton_route(observed, xp=xp)
+    x_np = None if on_device or _compiled.grid_screen_kernel is None else _compiled.host_view(observed, xp)
+    w_np = None if weights is None or x_np is None else _compiled.host_view(weights, xp)
+    if not on_device and (x_np is None or (weights is not None and w_np is None)):
         return None
     cfg = config
     if cfg.strategy == "tensor_group" and cfg.scale_dtype is not None:
         cfg = replace(cfg, scale_dtype=None)  # the search runs without the global scale
     factors_list = config.shrink_factors()
-    t = len(factors_list)
-    g = size(mn)
-    factors = xp.asarray(factors_list, dtype=xp.float32, device=device_of(observed))
+    t, g, dev = len(factors_list), size(mn), device_of(observed)
+    factors = xp.asarray(factors_list, dtype=xp.float32, device=dev)
     cmin = xp.reshape(_candidates(mn, factors, xp), (t, g))
     cmax = xp.reshape(_candidates(mx, factors, xp), (t, g))
     s, z = calculate_qparams(cmin, cmax, cfg, xp=xp)
-    s_np = np.ascontiguousarray(_compiled.host_view(s, xp), dtype=np.float32)
-    z_np = np.ascontiguousarray(_compiled.host_view(xp.astype(z, xp.float32), xp))
-    rows = np.ascontiguousarray(np.moveaxis(np.reshape(x_np, (n, g, gs)), 0, 1).reshape(g, count))
-    w_rows = (np.zeros((0, 0), dtype=np.float32) if w_np is None else
-              np.ascontiguousarray(np.moveaxis(np.reshape(w_np, (n, g, gs)), 0, 1).reshape(g, count)))
+    z = xp.astype(z, xp.float32)
     qmin, qmax = quant_range(cfg)
     fmt = MX_ELEMENTS["fp8_e4m3" if cfg.num_bits == 8 else "fp4_e2m1"] if cfg.type == "float" else None
-    approx = np.zeros((t, g), dtype=np.float64)
-    bad = np.zeros(g, dtype=np.uint8)
     norm = float(np.float32(cfg.norm))  # torch's pow takes the exponent as a float32 for float32 tensors
-    args = (rows, w_rows, s_np, z_np, not cfg.symmetric, qmin, qmax, fmt is not None,
-            0 if fmt is None else fmt.emin, 0 if fmt is None else fmt.mbits, norm, approx, bad)
-    _compiled.split_ranges(kernel, g, _compiled.threads(g * count * t, grain=1 << 22), *args,
-                           chunk=max(1, (1 << 18) // count))
-    big = float(np.finfo(np.float32).max)
-    lo = approx * (1 - rel) - count * 2.0**-147 * w_max
-    hi = approx * (1 + rel) + count * 2.0**-147 * w_max
-    unsure = (bad != 0) | ~np.all(np.isfinite(approx), axis=0) | np.any(hi >= big, axis=0)
-    improved = np.zeros((t, g), dtype=bool)
-    min_lo, min_hi = np.full(g, big), np.full(g, big)
-    for i in range(t):
-        improved[i] = hi[i] < min_lo
-        unsure |= ~(improved[i] | (lo[i] >= min_hi))
-        np.minimum(min_lo, lo[i], out=min_lo)
-        np.minimum(min_hi, hi[i], out=min_hi)
-    exact = np.flatnonzero(unsure)
-    if exact.size:
-        idx = xp.asarray(exact, device=device_of(observed))
+    if on_device:
+        from .. import _triton_llm
+
+        approx, bad = _triton_llm.grid_screen(observed, weights, s, z, has_zp=not cfg.symmetric, qmin=qmin, qmax=qmax,
+                                              element=None if fmt is None else (fmt.emin, fmt.mbits), norm=norm)
+    else:
+        rows = np.ascontiguousarray(np.moveaxis(np.reshape(x_np, (n, g, gs)), 0, 1).reshape(g, count))
+        w_rows = (np.zeros((0, 0), dtype=np.float32) if w_np is None else
+                  np.ascontiguousarray(np.moveaxis(np.reshape(w_np, (n, g, gs)), 0, 1).reshape(g, count)))
+        approx_np, bad_np = np.zeros((t, g), dtype=np.float64), np.zeros(g, dtype=np.uint8)
+        args = (rows, w_rows, np.ascontiguousarray(_compiled.host_view(s, xp)),
+                np.ascontiguousarray(_compiled.host_view(z, xp)), not cfg.symmetric, qmin, qmax, fmt is not None,
+                0 if fmt is None else fmt.emin, 0 if fmt is None else fmt.mbits, norm, approx_np, bad_np)
+        _compiled.split_ranges(_compiled.grid_screen_kernel, g, _compiled.threads(g * count * t, grain=1 << 22),
+                               *args, chunk=max(1, (1 << 18) // count))
+        approx, bad = approx_np, bad_np
+    dx = xp if on_device else np  # the decisions: on the device, or NumPy's small host operations
+    slack = float(count) * 2.0**-147
+    if weights is not None:
+        w_top = xp.max(xp.astype(weights, xp.float64)) if on_device else np.max(w_np.astype(np.float64))
+        slack = slack * dx.maximum(w_top, dx.ones((), dtype=dx.float64))
+    improved, unsure = _screen_steps(approx, bad, rel, slack, dx)
+    exact = dx.nonzero(unsure)[0]  # the host read
+    if exact.shape[0]:
+        idx = exact if on_device else xp.asarray(exact, device=dev)
         sub = xp.take(xp.reshape(observed, (n, g, gs)), idx, axis=1)
         w_sub = None if weights is None else xp.take(xp.reshape(weights, (n, g, gs)), idx, axis=1)
         err, _, _ = error_table(sub, xp.take(xp.reshape(mn, (g,)), idx, axis=0),
                                 xp.take(xp.reshape(mx, (g,)), idx, axis=0), config, weights=w_sub, xp=xp)
-        improved[:, exact] = np.asarray(_compiled.host_view(improvements(err, xp=xp), xp))
-    pick = pick_steps(improved, config, xp=np)
-    cols = np.arange(g)
-    chosen = xp.asarray(np.where(pick >= 0, pick, 0) * g + cols, device=device_of(observed))
-    keep = xp.asarray(pick >= 0, device=device_of(observed))
+        better = improvements(err, xp=xp)
+        improved[:, exact] = better if on_device else np.asarray(_compiled.host_view(better, xp))
+    pick = pick_steps(improved, config, xp=dx)
+    if not on_device:
+        pick = xp.asarray(pick, device=dev)
+    keep = pick >= 0
+    chosen = xp.where(keep, xp.astype(pick, xp.int64), xp.zeros_like(xp.astype(pick, xp.int64))) * g + \
+        xp.arange(g, dtype=xp.int64, device=dev)
     best_min = xp.where(keep, xp.take(xp.reshape(cmin, (-1,)), chosen, axis=0), xp.reshape(mn, (g,)))
     best_max = xp.where(keep, xp.take(xp.reshape(cmax, (-1,)), chosen, axis=0), xp.reshape(mx, (g,)))
     return xp.reshape(best_min, tuple(mn.shape)), xp.reshape(best_max, tuple(mx.shape))
+
+
+def _screen_steps(approx: Array, bad: Array, rel: float, slack: Any, xp: Any) -> tuple[Array, Array]:
+    """``(improved, unsure)`` from the screen's ``approx`` ``(T, G)``: with ``lo, hi = approx (1 -/+ rel) -/+
+    slack`` and the running best ``B`` of the exact errors in ``[min(max, lo[:i]), min(max, hi[:i])]``
+    (``max``: float32's), step ``i`` improves for sure when ``hi[i] < min(lo[:i])`` and not when
+    ``lo[i] >= min(hi[:i])``; ``unsure[g]``: some step of ``g`` is neither, or ``bad[g]``, or a bound is
+    not finite or reaches ``max``."""
+    lo = approx * (1.0 - rel) - slack
+    hi = approx * (1.0 + rel) + slack
+    unsure = (bad != 0) | xp.any(~xp.isfinite(approx), axis=0) | xp.any(hi >= _FLOAT32_MAX, axis=0)
+    min_lo = xp.full(approx.shape[1:], _FLOAT32_MAX, dtype=approx.dtype, device=device_of(approx))
+    min_hi = min_lo
+    rows = []
+    for i in range(approx.shape[0]):
+        sure = hi[i, ...] < min_lo
+        unsure = unsure | ~(sure | (lo[i, ...] >= min_hi))
+        min_lo = xp.minimum(min_lo, lo[i, ...])
+        min_hi = xp.minimum(min_hi, hi[i, ...])
+        rows.append(sure)
+    return xp.stack(rows, axis=0), unsure
 
 
 # -------------------------------------------------------------------------------- state: init / update
