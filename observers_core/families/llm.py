@@ -10,6 +10,9 @@ Every value is first flattened as llm-compressor's ``flatten_for_calibration`` d
   ``search="imatrix"``); llm-compressor's early stop after ``patience`` steps in which no group improved).
   Every candidate is evaluated at once (in chunks of ``chunk_elements`` values); the stopping rule is
   applied to the error table afterwards: the same choice as the eager loop, no host read per step.
+  float32 host arrays (numba) and the torch CUDA path (one Triton launch) screen every candidate with a
+  fused kernel instead (exact ``fq``, an approximate ``|d| ** norm`` with an error bound) and compute the
+  array code's exact errors only for the groups whose choice the bounds leave open (:func:`_screened_search`).
 - ``update`` (``mode``): ``"memoryless"`` keeps the last batch's range, ``"static"`` the running
   ``min``/``max``, ``"moving"`` the moving average ``old * (1 - c) + new * c`` (the first batch sets it).
 - ``qparams``: compressed-tensors' ``calculate_qparams`` step for step (:func:`calculate_qparams`):
@@ -596,6 +599,10 @@ def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weig
     rel = (count + 20) * 2.0**-24 + _compiled.SCREEN_ERROR
     if rel > _SCREEN_MAX_MARGIN or not 0 < config.norm <= 6:
         return None
+    if getattr(observed, "requires_grad", False):  # a torch parameter: the search needs no graph
+        observed = observed.detach()
+    if weights is not None and getattr(weights, "requires_grad", False):
+        weights = weights.detach()
     on_device = triton_route(observed, xp=xp)
     x_np = None if on_device or _compiled.grid_screen_kernel is None else _compiled.host_view(observed, xp)
     w_np = None if weights is None or x_np is None else _compiled.host_view(weights, xp)
@@ -634,7 +641,7 @@ def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weig
     slack = float(count) * 2.0**-147
     if weights is not None:
         w_top = xp.max(xp.astype(weights, xp.float64)) if on_device else np.max(w_np.astype(np.float64))
-        slack = slack * dx.maximum(w_top, dx.ones((), dtype=dx.float64))
+        slack = slack * clamp(w_top, 1.0, None, dx)
     improved, unsure = _screen_steps(approx, bad, rel, slack, dx)
     exact = dx.nonzero(unsure)[0]  # the host read
     if exact.shape[0]:
