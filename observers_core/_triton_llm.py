@@ -24,9 +24,11 @@ _CPU_TILE = 1 << 16  # the interpreter runs programs one after another: fewer, l
 
 @triton.jit
 def _round_even(y):
-    """``rint(y)`` in float32 for ``|y| < 2**22``: ``(y + 1.5 * 2**23) - 1.5 * 2**23`` (larger ``|y|``: ``y``;
-    the callers' values stay below)."""
-    return tl.where(tl.abs(y) < 4194304.0, (y + 12582912.0) - 12582912.0, y)
+    """``rint(y)`` in float32: ``(|y| + 2**23) - 2**23`` with ``y``'s sign for ``|y| < 2**23`` (the sum's ulp is
+    1: rounded to the nearest integer, ties to even); larger ``|y|`` are integers."""
+    a = tl.abs(y)
+    r = tl.where(a < 8388608.0, (a + 8388608.0) - 8388608.0, a)
+    return tl.where(y < 0.0, -r, r)
 
 
 @triton.jit

@@ -75,7 +75,8 @@ def _importance(cfg, shape, seed):
 
 
 @pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [k if k in ("random", "zero_row", "subnormal", "integers", "nonfinite") else
+                                  pytest.param(k, marks=pytest.mark.slow) for k in KINDS])
 @pytest.mark.parametrize("name", CONFIGS)
 def test_screen_equals_array_code(name, kind, seed, monkeypatch):
     torch = pytest.importorskip("torch")
@@ -180,3 +181,24 @@ def test_triton_screen_activations(monkeypatch):
         got = llm.grid_search(o, cfg)
     for a, b in zip(got, want):
         assert torch.equal(_bits(a), _bits(b))
+
+
+def test_flushed_subnormals_take_the_array_code(monkeypatch):
+    """With ``torch.set_flush_denormal(True)`` the screen's bounds do not hold: the array code runs."""
+    torch = pytest.importorskip("torch")
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormals")
+    try:
+        cfg = CONFIGS["int4-group"]
+        o = llm.flatten(torch.from_numpy(_weight("subnormal", 0, (8, 256))), cfg)
+        seen = []
+        table = llm.error_table
+        monkeypatch.setattr(llm, "error_table", lambda sub, *a, **k: seen.append(sub.shape) or table(sub, *a, **k))
+        monkeypatch.setattr(_compiled, "ENABLED", True)
+        got = llm.grid_search(o, cfg)
+        assert seen == [tuple(o.shape)]
+        monkeypatch.setattr(_compiled, "ENABLED", False)
+        want = llm.grid_search(o, cfg)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    finally:
+        torch.set_flush_denormal(False)

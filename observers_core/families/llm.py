@@ -582,9 +582,10 @@ def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weig
 
     The kernel computes every candidate's ``fq(x)`` exactly and ``sum w |fq(x) - x| ** norm`` approximately
     (``A``, float64, within the kernel's ``SCREEN_ERROR``); the array code's float32 error ``E`` (``pow``
-    within 8 ulp, the weight's product within 1, a sum of ``c`` positive terms in any order within ``(c - 1)
-    2**-24`` of the exact sum) lies in ``[lo, hi] = A (1 -/+ r) -/+ a`` with ``r = (c + 20) 2**-24 +
-    SCREEN_ERROR`` and ``a = c 2**-147 max(1, max w)`` (a subnormal term's error). :func:`_screen_steps`
+    within 8 ulp, the weight's product within 1, a sum of ``c`` positive terms in any order within
+    ``gamma_(c - 1)`` of the exact sum) lies in ``[lo, hi] = A (1 -/+ r) -/+ a`` with ``r = gamma_(c + 20) +
+    SCREEN_ERROR`` (``gamma_k = k u / (1 - k u)``, ``u = 2**-24``) and ``a = c 2**-125 max(1, max w)`` (a
+    subnormal term's error, generously). :func:`_screen_steps`
     decides each step from these bounds; a group with any undecided step (a near tie, a non-finite value)
     has its whole error row computed by :func:`error_table` (the array code's bits) and
     :func:`improvements`; :func:`pick_steps` applies the stopping rule to the merged table. Reading which
@@ -596,8 +597,9 @@ def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weig
         return None
     n, gs = observed.shape[0], observed.shape[-1]
     count = n * gs
-    rel = (count + 20) * 2.0**-24 + _compiled.SCREEN_ERROR
-    if rel > _SCREEN_MAX_MARGIN or not 0 < config.norm <= 6:
+    k = (count + 20) * 2.0**-24
+    rel = k / (1 - k) + _compiled.SCREEN_ERROR
+    if rel > _SCREEN_MAX_MARGIN or not 0 < config.norm <= 6 or _flushes_subnormals():
         return None
     if getattr(observed, "requires_grad", False):  # a torch parameter: the search needs no graph
         observed = observed.detach()
@@ -638,7 +640,7 @@ def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weig
                                *args, chunk=max(1, (1 << 18) // count))
         approx, bad = approx_np, bad_np
     dx = xp if on_device else np  # the decisions: on the device, or NumPy's small host operations
-    slack = float(count) * 2.0**-147
+    slack = float(count) * 2.0**-125
     if weights is not None:
         w_top = xp.max(xp.astype(weights, xp.float64)) if on_device else np.max(w_np.astype(np.float64))
         slack = slack * clamp(w_top, 1.0, None, dx)
@@ -661,6 +663,12 @@ def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weig
     best_min = xp.where(keep, xp.take(xp.reshape(cmin, (-1,)), chosen, axis=0), xp.reshape(mn, (g,)))
     best_max = xp.where(keep, xp.take(xp.reshape(cmax, (-1,)), chosen, axis=0), xp.reshape(mx, (g,)))
     return xp.reshape(best_min, tuple(mn.shape)), xp.reshape(best_max, tuple(mx.shape))
+
+
+def _flushes_subnormals() -> bool:
+    """Whether float32 arithmetic on this thread flushes subnormals (``torch.set_flush_denormal(True)``):
+    the screen's bounds assume IEEE subnormals."""
+    return bool(np.multiply(np.float32(2.0**-140), np.float32(1.0)) == 0)
 
 
 def _screen_steps(approx: Array, bad: Array, rel: float, slack: Any, xp: Any) -> tuple[Array, Array]:
