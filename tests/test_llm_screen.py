@@ -202,3 +202,30 @@ def test_flushed_subnormals_take_the_array_code(monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     finally:
         torch.set_flush_denormal(False)
+
+
+@pytest.mark.parametrize("name", ["int4-group", "nvfp4-expanded", "imatrix-int4"])
+def test_triton_screen_on_a_gpu(name, monkeypatch):
+    """On a CUDA device: the Triton screen gives the array code's bits (triton off), the undecided groups'
+    exact errors being torch's CUDA sums over fewer groups."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with a CUDA device")
+    from observers_core import _namespace
+
+    cfg = CONFIGS[name]
+    for kind in KINDS:
+        w = torch.from_numpy(_weight(kind, 0, (64, 1024))).cuda()
+        imp = _importance(cfg, tuple(w.shape), 0)
+        ww = None if imp is None else llm.flatten(torch.from_numpy(imp).cuda(), cfg)
+        o = llm.flatten(w, cfg)
+        monkeypatch.setenv("OBSERVERS_CORE_NO_TRITON", "1")
+        _namespace._triton_available.cache_clear()
+        want = llm.grid_search(o, cfg, weights=ww)
+        monkeypatch.setenv("OBSERVERS_CORE_NO_TRITON", "0")
+        _namespace._triton_available.cache_clear()
+        got = llm.grid_search(o, cfg, weights=ww)
+        _namespace._triton_available.cache_clear()
+        for a, b in zip(got, want):
+            assert torch.equal(_bits(a), _bits(b)), (name, kind)
