@@ -620,25 +620,17 @@ def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weig
     cmax = xp.reshape(_candidates(mx, factors, xp), (t, g))
     s, z = calculate_qparams(cmin, cmax, cfg, xp=xp)
     z = xp.astype(z, xp.float32)
-    qmin, qmax = quant_range(cfg)
-    fmt = MX_ELEMENTS["fp8_e4m3" if cfg.num_bits == 8 else "fp4_e2m1"] if cfg.type == "float" else None
     norm = float(np.float32(cfg.norm))  # torch's pow takes the exponent as a float32 for float32 tensors
     if on_device:
         from .. import _triton_llm
 
+        qmin, qmax = quant_range(cfg)
+        fmt = _element(cfg)
         approx, bad = _triton_llm.grid_screen(observed, weights, s, z, has_zp=not cfg.symmetric, qmin=qmin, qmax=qmax,
                                               element=None if fmt is None else (fmt.emin, fmt.mbits), norm=norm)
     else:
-        rows = np.ascontiguousarray(np.moveaxis(np.reshape(x_np, (n, g, gs)), 0, 1).reshape(g, count))
-        w_rows = (np.zeros((0, 0), dtype=np.float32) if w_np is None else
-                  np.ascontiguousarray(np.moveaxis(np.reshape(w_np, (n, g, gs)), 0, 1).reshape(g, count)))
-        approx_np, bad_np = np.zeros((t, g), dtype=np.float64), np.zeros(g, dtype=np.uint8)
-        args = (rows, w_rows, np.ascontiguousarray(_compiled.host_view(s, xp)),
-                np.ascontiguousarray(_compiled.host_view(z, xp)), not cfg.symmetric, qmin, qmax, fmt is not None,
-                0 if fmt is None else fmt.emin, 0 if fmt is None else fmt.mbits, norm, approx_np, bad_np)
-        _compiled.split_ranges(_compiled.grid_screen_kernel, g, _compiled.threads(g * count * t, grain=1 << 22),
-                               *args, chunk=max(1, (1 << 18) // count))
-        approx, bad = approx_np, bad_np
+        approx, bad = _screen_on_host(x_np, w_np, _compiled.host_view(s, xp), _compiled.host_view(z, xp), cfg,
+                                      norm)
     dx = xp if on_device else np  # the decisions: on the device, or NumPy's small host operations
     slack = float(count) * 2.0**-125
     if weights is not None:
@@ -663,6 +655,35 @@ def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weig
     best_min = xp.where(keep, xp.take(xp.reshape(cmin, (-1,)), chosen, axis=0), xp.reshape(mn, (g,)))
     best_max = xp.where(keep, xp.take(xp.reshape(cmax, (-1,)), chosen, axis=0), xp.reshape(mx, (g,)))
     return xp.reshape(best_min, tuple(mn.shape)), xp.reshape(best_max, tuple(mx.shape))
+
+
+def _element(config: Config) -> Any:
+    """The E4M3 / E2M1 element format of a float config, ``None`` for ints."""
+    return MX_ELEMENTS["fp8_e4m3" if config.num_bits == 8 else "fp4_e2m1"] if config.type == "float" else None
+
+
+def _screen_on_host(x: np.ndarray, w: np.ndarray | None, scale: np.ndarray, zero_point: np.ndarray, config: Config,
+                    norm: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(approx, bad)`` of :func:`~observers_core._compiled.grid_screen_kernel` for the flattened ``x``
+    ``(n, *qparam_shape, group)`` (and weights ``w``), the candidates' ``scale``/``zero_point`` ``(T, G)``: the
+    groups as rows of ``n * group`` values, split over :func:`~observers_core._compiled.threads`."""
+    from .. import _compiled
+
+    t, g = scale.shape
+    n, gs = x.shape[0], x.shape[-1]
+
+    def rows(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.moveaxis(np.reshape(a, (n, g, gs)), 0, 1).reshape(g, n * gs))
+
+    approx, bad = np.zeros((t, g), dtype=np.float64), np.zeros(g, dtype=np.uint8)
+    qmin, qmax = quant_range(config)
+    fmt = _element(config)
+    args = (rows(x), np.zeros((0, 0), dtype=np.float32) if w is None else rows(w), np.ascontiguousarray(scale),
+            np.ascontiguousarray(zero_point), not config.symmetric, qmin, qmax, fmt is not None,
+            0 if fmt is None else fmt.emin, 0 if fmt is None else fmt.mbits, norm, approx, bad)
+    _compiled.split_ranges(_compiled.grid_screen_kernel, g, _compiled.threads(g * n * gs * t, grain=1 << 22), *args,
+                           chunk=max(1, (1 << 18) // (n * gs)))
+    return approx, bad
 
 
 def _flushes_subnormals() -> bool:
