@@ -1186,3 +1186,135 @@ def percentile_rows_kernel(counts, edges, keep, symmetric, integer, vals):  # pr
                 k += 1
             vals[0, c] = e[k + 1]
     return result
+
+
+# --- the LLM family's MSE grid search (observers_core.families.llm) ---
+
+__all__ += ["grid_screen_kernel"]
+
+_LN2 = 0.6931471805599453
+_INV_LN2 = 1.4426950408889634
+_SQRT2 = 1.4142135623730951
+#: relative error bound of :func:`grid_screen_kernel`'s ``d**norm`` (``norm <= 6``): ``6 * 3e-8`` from ``log``,
+#: ``1.7e-7`` from ``exp``, float64 rounding far below; about 2.5x that
+SCREEN_ERROR = 2.0**-20
+
+
+@kernel()
+def grid_screen_kernel(first, stop, rows, weights, scale, zero_point, has_zp, qmin, qmax, is_float, emin, mbits,
+                       norm, out, bad):  # pragma: no cover (compiled)
+    """Approximate errors of the grid search for the groups ``first`` to ``stop`` of ``rows`` (G, N) float32:
+    ``out[t, g] = sum_i w_i |fq_t(v_i) - v_i| ** norm`` (float64; ``w = 1`` when ``weights`` is empty), with
+    ``fq_t(v) = (R(clamp(v / s + z, qmin, qmax)) - z) * s`` in float32 exactly as the array code computes it
+    (``s = scale[t, g]``, ``z = zero_point[t, g]`` if ``has_zp``; ``R`` rint, or the nearest E2M1/E4M3 value
+    for ``is_float``: quantum ``2**(max(floor(log2|y|), emin) - mbits)``); float32 ``+ - * /`` are float64
+    operations rounded to float32 (the same result: 53 >= 2 * 24 + 2). Only ``d**norm`` is approximate:
+    ``exp(norm * log d)`` from the float64 exponent and mantissa: ``log`` of the mantissa ``m`` in
+    ``[sqrt(1/2), sqrt(2)]`` as ``2 atanh(u)``, ``u = (m - 1) / (m + 1)``, to ``u**7`` (the rest is below
+    ``3e-8``), ``exp`` on ``|r| <= ln2 / 2`` to ``r**6`` (below ``1.7e-7`` relative): the result is within
+    :data:`SCREEN_ERROR` (relative) for ``0 < norm <= 6`` (every ``d**norm`` of a float32 ``d > 0`` is a
+    normal float64); ``d = 0`` counts 0. ``bad[g] = 1``
+    for a group with a non-finite value or a candidate whose scale is not positive and finite or might
+    overflow ``fq`` (the caller evaluates those exactly). Each loop over the N values vectorizes."""
+    groups, n = rows.shape
+    steps = scale.shape[0]
+    has_w = weights.shape[0] > 0
+    d = np.empty(n, dtype=np.float64)
+    d_bits = d.view(np.int64)
+    m = np.empty(n, dtype=np.float64)
+    m_bits = m.view(np.int64)
+    a = np.empty(n, dtype=np.float64)
+    two = np.empty(n, dtype=np.float64)
+    two_bits = two.view(np.int64)
+    k = np.empty(n, dtype=np.int64)
+    v64 = np.empty(n, dtype=np.float64)
+    w64 = np.ones(n, dtype=np.float64)
+    lanes = np.zeros(n + 8, dtype=np.float64)  # [:8] stay 0
+    qbound = max(abs(qmin), abs(qmax))
+    for g in range(first, stop):
+        row = rows[g]
+        top = 0.0
+        finite = True
+        for i in range(n):
+            v = np.float64(row[i])
+            v64[i] = v
+            finite = finite and v - v == 0.0
+            top = max(top, abs(v))
+        if has_w:
+            for i in range(n):
+                w64[i] = np.float64(weights[g, i])
+                finite = finite and w64[i] - w64[i] == 0.0
+        if not finite:
+            bad[g] = 1
+            continue
+        for t in range(steps):
+            s = np.float64(scale[t, g])
+            z = np.float64(zero_point[t, g]) if has_zp else 0.0
+            if not (s > 0.0 and s * (qbound + abs(z)) + top < 1e38 and z - z == 0.0):
+                bad[g] = 1
+                break
+            if is_float:
+                for i in range(n):
+                    y = np.float64(np.float32(v64[i] / s))
+                    if has_zp:
+                        y = np.float64(np.float32(y + z))
+                    y = qmin if y < qmin else y
+                    y = qmax if y > qmax else y
+                    m[i] = abs(y)
+                for i in range(n):  # the quantum 2 ** (max(e, emin) - mbits), e the binade of |y|
+                    e = ((m_bits[i] >> 52) & 0x7FF) - 1023
+                    e = emin if e < emin else e
+                    two_bits[i] = (e - mbits + 1023) << 52
+                for i in range(n):
+                    y = np.float64(np.float32(v64[i] / s))
+                    if has_zp:
+                        y = np.float64(np.float32(y + z))
+                    y = qmin if y < qmin else y
+                    y = qmax if y > qmax else y
+                    q = np.rint(y / two[i]) * two[i]
+                    if has_zp:
+                        q = np.float64(np.float32(q - z))
+                    d[i] = np.float64(np.float32(abs(np.float64(np.float32(q * s)) - v64[i])))
+            else:
+                for i in range(n):
+                    y = np.float64(np.float32(v64[i] / s))
+                    if has_zp:
+                        y = np.float64(np.float32(y + z))
+                    y = qmin if y < qmin else y
+                    y = qmax if y > qmax else y
+                    q = np.rint(y)
+                    if has_zp:
+                        q = np.float64(np.float32(q - z))
+                    d[i] = np.float64(np.float32(abs(np.float64(np.float32(q * s)) - v64[i])))
+            for i in range(n):  # d = 2**k * m, m in [1, 2)
+                b = d_bits[i]
+                m_bits[i] = (b & 0xFFFFFFFFFFFFF) | 0x3FF0000000000000
+                k[i] = (b >> 52) - 1023
+            for i in range(n):
+                mm = m[i]
+                kk = np.float64(k[i])
+                up = mm > _SQRT2
+                mm = mm * 0.5 if up else mm
+                kk = kk + 1.0 if up else kk
+                u = (mm - 1.0) / (mm + 1.0)  # log(mm) = 2 atanh(u), |u| <= 0.1716
+                uu = u * u
+                log_m = 2.0 * u * (1.0 + uu * (1.0 / 3 + uu * (1.0 / 5 + uu * (1.0 / 7))))
+                y = norm * (kk * _LN2 + log_m)
+                j = np.rint(y * _INV_LN2)
+                r = y - j * _LN2  # |r| <= 0.347
+                a[i] = 1.0 + r * (1.0 + r * (1.0 / 2 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r / 720)))))
+                k[i] = np.int64(j)
+            for i in range(n):
+                two_bits[i] = (k[i] + 1023) << 52
+            for i in range(n):
+                term = a[i] * two[i] * w64[i]
+                lanes[i + 8] = (term if d[i] > 0.0 else 0.0) + lanes[i]
+            if n >= 8:
+                r8 = lanes[n:n + 8]
+                out[t, g] = ((r8[0] + r8[1]) + (r8[2] + r8[3])) + ((r8[4] + r8[5]) + (r8[6] + r8[7]))
+            else:
+                total = 0.0
+                for i in range(n):
+                    total += lanes[i + 8] - lanes[i]
+                out[t, g] = total
+    return 0

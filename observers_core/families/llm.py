@@ -10,6 +10,9 @@ Every value is first flattened as llm-compressor's ``flatten_for_calibration`` d
   ``search="imatrix"``); llm-compressor's early stop after ``patience`` steps in which no group improved).
   Every candidate is evaluated at once (in chunks of ``chunk_elements`` values); the stopping rule is
   applied to the error table afterwards: the same choice as the eager loop, no host read per step.
+  float32 host arrays (numba) and the torch CUDA path (one Triton launch) screen every candidate with a
+  fused kernel instead (exact ``fq``, an approximate ``|d| ** norm`` with an error bound) and compute the
+  array code's exact errors only for the groups whose choice the bounds leave open (:func:`_screened_search`).
 - ``update`` (``mode``): ``"memoryless"`` keeps the last batch's range, ``"static"`` the running
   ``min``/``max``, ``"moving"`` the moving average ``old * (1 - c) + new * c`` (the first batch sets it).
 - ``qparams``: compressed-tensors' ``calculate_qparams`` step for step (:func:`calculate_qparams`):
@@ -32,6 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from .._collective import check_collective, reduce_range
 from .._mx import MX_ELEMENTS, e8m0_to_float, floor_log2, round_to_element
@@ -494,36 +499,52 @@ def error_table(observed: Array, min_vals: Array, max_vals: Array, config: Confi
     return xp.reshape(err, (t,) + tuple(min_vals.shape)), cmin, cmax
 
 
-def select_candidates(err: Array, cand_min: Array, cand_max: Array, min_vals: Array, max_vals: Array,
-                      config: Config, /, *, xp: Any = None) -> tuple[Array, Array]:
-    """llm-compressor's stopping rule applied to the whole error table: step ``i`` improves a group when
-    ``err[i] < best`` (``best`` starts at the error dtype's max; NaN never improves); the loop stops after
-    ``patience`` consecutive steps in which no group improved (imatrix: never when ``patience == 0``).
-    The range of each group's last improving step among those run, else ``(min_vals, max_vals)``."""
+def improvements(err: Array, /, *, xp: Any = None) -> Array:
+    """``improved[i] = err[i] < min(max, err[0], ..., err[i - 1])`` per group (bool, ``err``'s shape): the
+    eager loop's ``err < best_error`` with ``best_error`` starting at the error dtype's max, before any
+    stop (NaN never improves)."""
     xp = array_namespace(err, xp=xp)
-    t = err.shape[0]
-    big = float(xp.finfo(err.dtype).max)
-    best = xp.full(err.shape[1:], big, dtype=err.dtype, device=device_of(err))
-    never = xp.full(err.shape[1:], -1, dtype=xp.int32, device=device_of(err))
-    pick = never
-    stopped = xp.zeros((), dtype=xp.bool, device=device_of(err))
-    stale = xp.zeros((), dtype=xp.int32, device=device_of(err))
-    reduce_axes = tuple(range(err.ndim - 1))
+    best = xp.full(err.shape[1:], float(xp.finfo(err.dtype).max), dtype=err.dtype, device=device_of(err))
+    out = []
+    for i in range(err.shape[0]):
+        e = err[i, ...]
+        better = e < best
+        best = xp.where(better, e, best)
+        out.append(better)
+    return xp.stack(out, axis=0)
+
+
+def pick_steps(improved: Array, config: Config, /, *, xp: Any = None) -> Array:
+    """Each group's chosen step (int32, -1: none) from :func:`improvements`: the steps run are those before
+    the loop stops, after ``patience`` consecutive steps in which no group improved (imatrix: never when
+    ``patience == 0``); the choice is the last improving step among them."""
+    xp = array_namespace(improved, xp=xp)
+    t = improved.shape[0]
+    dev = device_of(improved)
+    pick = xp.full(improved.shape[1:], -1, dtype=xp.int32, device=dev)
+    stopped = xp.zeros((), dtype=xp.bool, device=dev)
+    stale = xp.zeros((), dtype=xp.int32, device=dev)
+    reduce_axes = tuple(range(improved.ndim - 1))
     stops = config.patience > 0 or config.search != "imatrix"
     for i in range(t):
-        e = err[i, ...]
-        improved = (e < best) & ~stopped
-        best = xp.where(improved, e, best)
-        pick = xp.where(improved, xp.full_like(pick, i), pick)
-        if reduce_axes:
-            any_improved = xp.any(improved, axis=reduce_axes)
-        else:
-            any_improved = improved
-        stale = xp.where(any_improved, xp.zeros_like(stale), stale + 1)
+        hit = improved[i, ...] & ~stopped
+        pick = xp.where(hit, xp.full_like(pick, i), pick)
+        any_hit = xp.any(hit, axis=reduce_axes) if reduce_axes else hit
+        stale = xp.where(any_hit, xp.zeros_like(stale), stale + 1)
         if stops:
-            stopped = stopped | (~any_improved & (stale >= config.patience))
+            stopped = stopped | (~any_hit & (stale >= config.patience))
+    return pick
+
+
+def select_candidates(err: Array, cand_min: Array, cand_max: Array, min_vals: Array, max_vals: Array,
+                      config: Config, /, *, xp: Any = None) -> tuple[Array, Array]:
+    """llm-compressor's stopping rule applied to the whole error table (:func:`improvements`,
+    :func:`pick_steps`): the range of each group's last improving step among those run, else
+    ``(min_vals, max_vals)``."""
+    xp = array_namespace(err, xp=xp)
+    pick = pick_steps(improvements(err, xp=xp), config, xp=xp)
     best_min, best_max = min_vals, max_vals
-    for i in range(t):
+    for i in range(err.shape[0]):
         hit = pick == i
         best_min = xp.where(hit, cand_min[i, ...], best_min)
         best_max = xp.where(hit, cand_max[i, ...], best_max)
@@ -532,14 +553,164 @@ def select_candidates(err: Array, cand_min: Array, cand_max: Array, min_vals: Ar
 
 def grid_search(observed: Array, config: Config, /, *, weights: Array | None = None,
                 xp: Any = None) -> tuple[Array, Array]:
-    """The searched ``(min_vals, max_vals)`` of a flattened batch (see the module docstring)."""
+    """The searched ``(min_vals, max_vals)`` of a flattened batch (see the module docstring). Host arrays
+    (NumPy, torch CPU) of float32 take :func:`_screened_search` where numba is available."""
     xp = array_namespace(observed, xp=xp)
     mn = xp.min(observed, axis=(0, observed.ndim - 1)) * config.expand
     mx = xp.max(observed, axis=(0, observed.ndim - 1)) * config.expand
     if not config.shrink_factors():
         return mn, mx
+    screened = _screened_search(observed, mn, mx, config, weights, xp)
+    if screened is not None:
+        return screened
     err, cmin, cmax = error_table(observed, mn, mx, config, weights=weights, xp=xp)
     return select_candidates(err, cmin, cmax, mn, mx, config, xp=xp)
+
+
+#: the screen's relative margin stays below this (else the array code runs: most groups would be exact anyway)
+_SCREEN_MAX_MARGIN = 2.0**-10
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weights: Array | None,
+                     xp: Any) -> tuple[Array, Array] | None:
+    """:func:`grid_search` through a screen of every candidate, the same result: on host arrays (NumPy,
+    torch CPU) the compiled :func:`~observers_core._compiled.grid_screen_kernel`, on the torch CUDA path
+    one Triton launch (:func:`observers_core._triton_llm.grid_screen`). ``None`` where neither applies
+    (float32 input only; no numba / triton, another namespace or device; ``norm`` above 6; sums too long
+    for a useful margin).
+
+    The kernel computes every candidate's ``fq(x)`` exactly and ``sum w |fq(x) - x| ** norm`` approximately
+    (``A``, float64, within the kernel's ``SCREEN_ERROR``); the array code's float32 error ``E`` (``pow``
+    within 8 ulp, the weight's product within 1, a sum of ``c`` positive terms in any order within
+    ``gamma_(c - 1)`` of the exact sum) lies in ``[lo, hi] = A (1 -/+ r) -/+ a`` with ``r = gamma_(c + 20) +
+    SCREEN_ERROR`` (``gamma_k = k u / (1 - k u)``, ``u = 2**-24``) and ``a = c 2**-125 max(1, max w)`` (a
+    subnormal term's error, generously). :func:`_screen_steps`
+    decides each step from these bounds; a group with any undecided step (a near tie, a non-finite value)
+    has its whole error row computed by :func:`error_table` (the array code's bits) and
+    :func:`improvements`; :func:`pick_steps` applies the stopping rule to the merged table. Reading which
+    groups are undecided is the one host read (a device sync on CUDA), once per tensor."""
+    from .. import _compiled
+    from .._namespace import triton_route
+
+    if _dtype_name(observed.dtype) != "float32" or (weights is not None and _dtype_name(weights.dtype) != "float32"):
+        return None
+    n, gs = observed.shape[0], observed.shape[-1]
+    count = n * gs
+    k = (count + 20) * 2.0**-24
+    rel = k / (1 - k) + _compiled.SCREEN_ERROR
+    if rel > _SCREEN_MAX_MARGIN or not 0 < config.norm <= 6 or _flushes_subnormals():
+        return None
+    if getattr(observed, "requires_grad", False):  # a torch parameter: the search needs no graph
+        observed = observed.detach()
+    if weights is not None and getattr(weights, "requires_grad", False):
+        weights = weights.detach()
+    on_device = triton_route(observed, xp=xp)
+    x_np = None if on_device or _compiled.grid_screen_kernel is None else _compiled.host_view(observed, xp)
+    w_np = None if weights is None or x_np is None else _compiled.host_view(weights, xp)
+    if not on_device and (x_np is None or (weights is not None and w_np is None)):
+        return None
+    cfg = config
+    if cfg.strategy == "tensor_group" and cfg.scale_dtype is not None:
+        cfg = replace(cfg, scale_dtype=None)  # the search runs without the global scale
+    factors_list = config.shrink_factors()
+    t, g, dev = len(factors_list), size(mn), device_of(observed)
+    factors = xp.asarray(factors_list, dtype=xp.float32, device=dev)
+    cmin = xp.reshape(_candidates(mn, factors, xp), (t, g))
+    cmax = xp.reshape(_candidates(mx, factors, xp), (t, g))
+    s, z = calculate_qparams(cmin, cmax, cfg, xp=xp)
+    z = xp.astype(z, xp.float32)
+    norm = float(np.float32(cfg.norm))  # torch's pow takes the exponent as a float32 for float32 tensors
+    if on_device:
+        from .. import _triton_llm
+
+        qmin, qmax = quant_range(cfg)
+        fmt = _element(cfg)
+        approx, bad = _triton_llm.grid_screen(observed, weights, s, z, has_zp=not cfg.symmetric, qmin=qmin, qmax=qmax,
+                                              element=None if fmt is None else (fmt.emin, fmt.mbits), norm=norm)
+    else:
+        approx, bad = _screen_on_host(x_np, w_np, _compiled.host_view(s, xp), _compiled.host_view(z, xp), cfg,
+                                      norm)
+    dx = xp if on_device else np  # the decisions: on the device, or NumPy's small host operations
+    slack = float(count) * 2.0**-125
+    if weights is not None:
+        w_top = xp.max(xp.astype(weights, xp.float64)) if on_device else np.max(w_np.astype(np.float64))
+        slack = slack * clamp(w_top, 1.0, None, dx)
+    improved, unsure = _screen_steps(approx, bad, rel, slack, dx)
+    exact = dx.nonzero(unsure)[0]  # the host read
+    if exact.shape[0]:
+        idx = exact if on_device else xp.asarray(exact, device=dev)
+        sub = xp.take(xp.reshape(observed, (n, g, gs)), idx, axis=1)
+        w_sub = None if weights is None else xp.take(xp.reshape(weights, (n, g, gs)), idx, axis=1)
+        err, _, _ = error_table(sub, xp.take(xp.reshape(mn, (g,)), idx, axis=0),
+                                xp.take(xp.reshape(mx, (g,)), idx, axis=0), config, weights=w_sub, xp=xp)
+        better = improvements(err, xp=xp)
+        improved[:, exact] = better if on_device else np.asarray(_compiled.host_view(better, xp))
+    pick = pick_steps(improved, config, xp=dx)
+    if not on_device:
+        pick = xp.asarray(pick, device=dev)
+    keep = pick >= 0
+    chosen = xp.where(keep, xp.astype(pick, xp.int64), xp.zeros_like(xp.astype(pick, xp.int64))) * g + \
+        xp.arange(g, dtype=xp.int64, device=dev)
+    best_min = xp.where(keep, xp.take(xp.reshape(cmin, (-1,)), chosen, axis=0), xp.reshape(mn, (g,)))
+    best_max = xp.where(keep, xp.take(xp.reshape(cmax, (-1,)), chosen, axis=0), xp.reshape(mx, (g,)))
+    return xp.reshape(best_min, tuple(mn.shape)), xp.reshape(best_max, tuple(mx.shape))
+
+
+def _element(config: Config) -> Any:
+    """The E4M3 / E2M1 element format of a float config, ``None`` for ints."""
+    return MX_ELEMENTS["fp8_e4m3" if config.num_bits == 8 else "fp4_e2m1"] if config.type == "float" else None
+
+
+def _screen_on_host(x: np.ndarray, w: np.ndarray | None, scale: np.ndarray, zero_point: np.ndarray, config: Config,
+                    norm: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(approx, bad)`` of :func:`~observers_core._compiled.grid_screen_kernel` for the flattened ``x``
+    ``(n, *qparam_shape, group)`` (and weights ``w``), the candidates' ``scale``/``zero_point`` ``(T, G)``: the
+    groups as rows of ``n * group`` values, split over :func:`~observers_core._compiled.threads`."""
+    from .. import _compiled
+
+    t, g = scale.shape
+    n, gs = x.shape[0], x.shape[-1]
+
+    def rows(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(np.moveaxis(np.reshape(a, (n, g, gs)), 0, 1).reshape(g, n * gs))
+
+    approx, bad = np.zeros((t, g), dtype=np.float64), np.zeros(g, dtype=np.uint8)
+    qmin, qmax = quant_range(config)
+    fmt = _element(config)
+    args = (rows(x), np.zeros((0, 0), dtype=np.float32) if w is None else rows(w), np.ascontiguousarray(scale),
+            np.ascontiguousarray(zero_point), not config.symmetric, qmin, qmax, fmt is not None,
+            0 if fmt is None else fmt.emin, 0 if fmt is None else fmt.mbits, norm, approx, bad)
+    _compiled.split_ranges(_compiled.grid_screen_kernel, g, _compiled.threads(g * n * gs * t, grain=1 << 22), *args,
+                           chunk=max(1, (1 << 18) // (n * gs)))
+    return approx, bad
+
+
+def _flushes_subnormals() -> bool:
+    """Whether float32 arithmetic on this thread flushes subnormals (``torch.set_flush_denormal(True)``):
+    the screen's bounds assume IEEE subnormals."""
+    return bool(np.multiply(np.float32(2.0**-140), np.float32(1.0)) == 0)
+
+
+def _screen_steps(approx: Array, bad: Array, rel: float, slack: Any, xp: Any) -> tuple[Array, Array]:
+    """``(improved, unsure)`` from the screen's ``approx`` ``(T, G)``: with ``lo, hi = approx (1 -/+ rel) -/+
+    slack`` and the running best ``B`` of the exact errors in ``[min(max, lo[:i]), min(max, hi[:i])]``
+    (``max``: float32's), step ``i`` improves for sure when ``hi[i] < min(lo[:i])`` and not when
+    ``lo[i] >= min(hi[:i])``; ``unsure[g]``: some step of ``g`` is neither, or ``bad[g]``, or a bound is
+    not finite or reaches ``max``."""
+    lo = approx * (1.0 - rel) - slack
+    hi = approx * (1.0 + rel) + slack
+    unsure = (bad != 0) | xp.any(~xp.isfinite(approx), axis=0) | xp.any(hi >= _FLOAT32_MAX, axis=0)
+    min_lo = xp.full(approx.shape[1:], _FLOAT32_MAX, dtype=approx.dtype, device=device_of(approx))
+    min_hi = min_lo
+    rows = []
+    for i in range(approx.shape[0]):
+        sure = hi[i, ...] < min_lo
+        unsure = unsure | ~(sure | (lo[i, ...] >= min_hi))
+        min_lo = xp.minimum(min_lo, lo[i, ...])
+        min_hi = xp.minimum(min_hi, hi[i, ...])
+        rows.append(sure)
+    return xp.stack(rows, axis=0), unsure
 
 
 # -------------------------------------------------------------------------------- state: init / update

@@ -1,0 +1,231 @@
+"""The LLM family's MSE grid search on host float32 arrays (``llm._screened_search``: a compiled screen with
+error bounds, the array code's exact errors for near ties) against the array code (kernels off), bit for
+bit, on NumPy and torch CPU: int, FP4/FP8, NVFP4, MX and importance-weighted searches, on random, outlier,
+zero-row, tiny, huge, subnormal, integer-valued (exact ties), NaN/Inf and multi-observation inputs, every
+stopping rule, and with two kernel threads; and the Triton screen of the torch CUDA path (through Triton's
+interpreter under ``cuda_path_on_cpu``): one launch, the array code's bits."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from observers_core import _compiled
+from observers_core.families import llm
+
+pytestmark = pytest.mark.skipif(not _compiled.AVAILABLE, reason="numba is not installed")
+
+CONFIGS = {
+    "int4-group": llm.Config(num_bits=4, strategy="group", group_size=128, search="mse"),
+    "int4-asym-p1": llm.Config(num_bits=4, symmetric=False, strategy="group", group_size=32, search="mse",
+                               patience=1),
+    "int8-channel-norm2": llm.Config(num_bits=8, strategy="channel", search="mse", norm=2.0, grid=20,
+                                     maxshrink=0.9),
+    "int2-tensor-p0": llm.Config(num_bits=2, strategy="tensor", search="mse", patience=0, norm=3.0),
+    "nvfp4-expanded": llm.Config(num_bits=4, type="float", strategy="tensor_group", group_size=16,
+                                 scale_dtype="float8_e4m3fn", search="mse", expand=1.8, maxshrink=1 - 0.8 / 1.8,
+                                 grid=200.0, patience=1000),
+    "mxfp4": llm.Config(num_bits=4, type="float", strategy="group", group_size=32, scale_dtype="uint8",
+                        zp_dtype="uint8", search="mse"),
+    "fp8-asym": llm.Config(num_bits=8, type="float", symmetric=False, strategy="group", group_size=64,
+                           search="mse", patience=2),
+    "imatrix-int4": llm.Config(num_bits=4, strategy="group", group_size=64, search="imatrix", norm=2.4),
+    "imatrix-p0": llm.Config(num_bits=8, strategy="channel", search="imatrix", patience=0, maxshrink=0.5,
+                             grid=10),
+}
+KINDS = ["random", "outlier", "zero_row", "tiny", "huge", "subnormal", "integers", "nonfinite"]
+
+
+def _weight(kind, seed, shape=(24, 256)):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(shape).astype(np.float32)
+    if kind == "outlier":
+        w[rng.integers(0, shape[0], 4), rng.integers(0, shape[1], 4)] = 40.0
+    elif kind == "zero_row":
+        w[::5] = 0.0
+        w[1, :100] = 0.0
+    elif kind == "tiny":
+        w[::2] *= np.float32(1e-30)
+    elif kind == "huge":
+        w[::3] *= np.float32(1e30)
+    elif kind == "subnormal":
+        w[::2] = (w[::2] * np.float32(2.0**-140)).astype(np.float32)
+    elif kind == "integers":  # few distinct values: equal errors for several candidates
+        w = rng.integers(-3, 4, shape).astype(np.float32)
+    elif kind == "nonfinite":
+        w[2, 5], w[4, 9], w[6, 0] = np.nan, np.inf, -np.inf
+    return w
+
+
+def _search(w, cfg, weights, enabled, monkeypatch):
+    monkeypatch.setattr(_compiled, "ENABLED", enabled)
+    o = llm.flatten(w, cfg)
+    ww = None if weights is None else llm.flatten(weights, cfg)
+    return [np.asarray(a) for a in llm.grid_search(o, cfg, weights=ww)]
+
+
+def _importance(cfg, shape, seed):
+    if cfg.search != "imatrix":
+        return None
+    imp = np.random.default_rng(seed + 100).exponential(1.0, shape[1]).astype(np.float32)
+    imp[:7] = 0.0
+    return np.broadcast_to(llm.normalized_importance(imp)[None, :], shape).copy()
+
+
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", [k if k in ("random", "zero_row", "subnormal", "integers", "nonfinite") else
+                                  pytest.param(k, marks=pytest.mark.slow) for k in KINDS])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_screen_equals_array_code(name, kind, seed, monkeypatch):
+    torch = pytest.importorskip("torch")
+    cfg = CONFIGS[name]
+    w = _weight(kind, seed, (24, 256) if seed else (12, 256))
+    imp = _importance(cfg, w.shape, seed)
+    want = _search(w, cfg, imp, False, monkeypatch)
+    for arr, wts in ((w, imp), (torch.from_numpy(w), None if imp is None else torch.from_numpy(imp))):
+        got = _search(arr, cfg, wts, True, monkeypatch)
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and np.array_equal(a.view(np.uint32), b.view(np.uint32)), (name, kind, seed)
+
+
+def test_screen_runs_and_evaluates_few_groups_exactly(monkeypatch):
+    """The screen is taken for a float32 host weight and leaves only near ties to the array code."""
+    cfg = CONFIGS["int4-group"]
+    o = llm.flatten(_weight("random", 0, (256, 1024)), cfg)
+    seen = []
+    table = llm.error_table
+    monkeypatch.setattr(llm, "error_table", lambda sub, *a, **k: seen.append(int(np.prod(sub.shape[1:-1]))) or table(sub, *a, **k))
+    monkeypatch.setattr(_compiled, "ENABLED", True)
+    llm.grid_search(o, cfg)
+    assert len(seen) <= 1 and sum(seen) < 0.05 * 256 * 8
+    monkeypatch.setattr(_compiled, "ENABLED", False)
+    seen.clear()
+    llm.grid_search(o, cfg)
+    assert seen == [256 * 8]
+
+
+def test_screen_activations_and_threads(monkeypatch):
+    """Several observations per group (activations, static MSE), and the kernel split over two threads."""
+    cfg = llm.Config(num_bits=8, type="float", strategy="tensor_group", group_size=16, search="mse",
+                     scale_dtype="float8_e4m3fn")
+    x = np.random.default_rng(3).standard_normal((6, 512)).astype(np.float32)
+    o = llm.flatten(x, cfg, role="activation")
+    monkeypatch.setattr(_compiled, "ENABLED", False)
+    want = [np.asarray(a) for a in llm.grid_search(o, cfg)]
+    monkeypatch.setattr(_compiled, "ENABLED", True)
+    for threads in ("1", "2"):
+        monkeypatch.setenv("OBSERVERS_CORE_THREADS", threads)
+        big = replace(cfg, maxshrink=0.9, grid=400.0)  # enough work for a second thread
+        monkeypatch.setattr(_compiled, "ENABLED", False)
+        want_big = [np.asarray(a) for a in llm.grid_search(o, big)]
+        monkeypatch.setattr(_compiled, "ENABLED", True)
+        for c, ref in ((cfg, want), (big, want_big)):
+            got = [np.asarray(a) for a in llm.grid_search(o, c)]
+            assert all(np.array_equal(a, b) for a, b in zip(got, ref))
+
+
+_SLOW = pytest.mark.slow
+TRITON_CASES = [("int4-group", "random"), ("mxfp4", "nonfinite"), ("imatrix-int4", "random"),
+                pytest.param("int4-asym-p1", "zero_row", marks=_SLOW), pytest.param("fp8-asym", "integers", marks=_SLOW),
+                pytest.param("int2-tensor-p0", "tiny", marks=_SLOW), pytest.param("nvfp4-expanded", "outlier", marks=_SLOW)]
+
+
+def _bits(a):
+    return a.view(__import__("torch").int32)
+
+
+@pytest.mark.parametrize("name,kind", TRITON_CASES)
+def test_triton_screen_on_the_cuda_path(name, kind, monkeypatch):
+    """On the torch CUDA path (here: CPU tensors under ``cuda_path_on_cpu``, Triton's interpreter) the search
+    is one Triton launch and one host read, and gives the array code's bits (triton off)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from observers_core import _namespace
+    from observers_core.testing import count_launches, cuda_path_on_cpu
+
+    cfg = CONFIGS[name]
+    w = _weight(kind, 0, (8, 256))
+    imp = _importance(cfg, w.shape, 0)
+    o = llm.flatten(torch.from_numpy(w), cfg)
+    ww = None if imp is None else llm.flatten(torch.from_numpy(imp), cfg)
+    with cuda_path_on_cpu():
+        monkeypatch.setenv("OBSERVERS_CORE_NO_TRITON", "1")
+        _namespace._triton_available.cache_clear()
+        want = llm.grid_search(o, cfg, weights=ww)
+        monkeypatch.setenv("OBSERVERS_CORE_NO_TRITON", "0")
+        _namespace._triton_available.cache_clear()
+        with count_launches() as launches:
+            got = llm.grid_search(o, cfg, weights=ww)
+    _namespace._triton_available.cache_clear()
+    assert dict(launches.triton) == {"_grid_screen_kernel": 1} and launches.syncs <= 1
+    for a, b in zip(got, want):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def test_triton_screen_activations(monkeypatch):
+    """Several observations per group: the kernel's strided layout (value ``i`` of group ``g`` at
+    ``x[i // group, g, i % group]``)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from observers_core.testing import cuda_path_on_cpu
+
+    cfg = llm.Config(num_bits=8, type="float", strategy="tensor_group", group_size=16, search="mse",
+                     scale_dtype="float8_e4m3fn")
+    x = torch.from_numpy(np.random.default_rng(3).standard_normal((5, 3, 64)).astype(np.float32))
+    o = llm.flatten(x, cfg, role="activation")
+    monkeypatch.setattr(_compiled, "ENABLED", False)
+    want = llm.grid_search(o, cfg)
+    with cuda_path_on_cpu():
+        got = llm.grid_search(o, cfg)
+    for a, b in zip(got, want):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def test_flushed_subnormals_take_the_array_code(monkeypatch):
+    """With ``torch.set_flush_denormal(True)`` the screen's bounds do not hold: the array code runs."""
+    torch = pytest.importorskip("torch")
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU cannot flush subnormals")
+    try:
+        cfg = CONFIGS["int4-group"]
+        o = llm.flatten(torch.from_numpy(_weight("subnormal", 0, (8, 256))), cfg)
+        seen = []
+        table = llm.error_table
+        monkeypatch.setattr(llm, "error_table", lambda sub, *a, **k: seen.append(sub.shape) or table(sub, *a, **k))
+        monkeypatch.setattr(_compiled, "ENABLED", True)
+        got = llm.grid_search(o, cfg)
+        assert seen == [tuple(o.shape)]
+        monkeypatch.setattr(_compiled, "ENABLED", False)
+        want = llm.grid_search(o, cfg)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    finally:
+        torch.set_flush_denormal(False)
+
+
+@pytest.mark.parametrize("name", ["int4-group", "nvfp4-expanded", "imatrix-int4"])
+def test_triton_screen_on_a_gpu(name, monkeypatch):
+    """On a CUDA device: the Triton screen gives the array code's bits (triton off), the undecided groups'
+    exact errors being torch's CUDA sums over fewer groups."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with a CUDA device")
+    from observers_core import _namespace
+
+    cfg = CONFIGS[name]
+    for kind in KINDS:
+        w = torch.from_numpy(_weight(kind, 0, (64, 1024))).cuda()
+        imp = _importance(cfg, tuple(w.shape), 0)
+        ww = None if imp is None else llm.flatten(torch.from_numpy(imp).cuda(), cfg)
+        o = llm.flatten(w, cfg)
+        monkeypatch.setenv("OBSERVERS_CORE_NO_TRITON", "1")
+        _namespace._triton_available.cache_clear()
+        want = llm.grid_search(o, cfg, weights=ww)
+        monkeypatch.setenv("OBSERVERS_CORE_NO_TRITON", "0")
+        _namespace._triton_available.cache_clear()
+        got = llm.grid_search(o, cfg, weights=ww)
+        _namespace._triton_available.cache_clear()
+        for a, b in zip(got, want):
+            assert torch.equal(_bits(a), _bits(b)), (name, kind)
