@@ -44,7 +44,12 @@ from torch.ao.quantization import observer as _torch_observer
 from observers_core._fixed import check_fixed_observer, check_fixed_qparams
 from observers_core._minmax import mean_of_replicas
 from observers_core._validate import check_float
-from ._torch_llm import LLMObserver, llm_fused_global_scale  # noqa: F401  (the LLM family: docs/llm.md)
+from ._torch_llm import (  # noqa: F401  (the LLM family and ModelOpt's calibrators: docs/llm.md)
+    LLMObserver,
+    ModelOptMseCalibrator,
+    NVFP4SweepCalibrator,
+    llm_fused_global_scale,
+)
 
 from . import _array_calibration as calibration
 from . import _array_histogram as histogram
