@@ -48,7 +48,7 @@ from .._calibration import (
 from .._compiled import (
     abs_max_kernel, fq_block_sums_kernel, host_view, pairwise_blocks, pairwise_combine, split_ranges, threads,
 )
-from .._dtypes import QuantSpec, quant_spec
+from .._dtypes import QScheme, QuantSpec, quant_spec
 from .._minmax import (
     MinMaxState, aminmax, minmax_init, minmax_merge, minmax_qparams, minmax_update, moving_average_merge,
     moving_average_update,
@@ -225,6 +225,9 @@ def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any)
     """The clipping magnitude of ``method`` for the histogram of ``|x|`` (``+inf`` for ``"minmax"``)."""
     if method == "minmax":
         return xp.full(tuple(hist.max_val.shape), INF, dtype=hist.max_val.dtype, device=device_of(hist.max_val))
+    routed = _kernel_amax(method, hist, config, xp)
+    if routed is not None:
+        return routed
     edges = calib_histogram_edges(hist, xp=xp)  # the observer's own histogram: valid, no check (host read)
     if method == "kl":
         return kl_threshold(hist.counts, edges, num_levels=config.levels, check=False, xp=xp)
@@ -233,6 +236,30 @@ def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any)
     if method == "percentile":
         return percentile_range(hist.counts, edges, percentile=config.percentile, check=False, xp=xp)[1]
     raise ValueError(f"unknown calibration method {method!r}")
+
+
+def _kernel_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any) -> Array | None:
+    """:func:`search_amax` on the torch CUDA path in Triton kernels (the array code's result, bit for bit):
+    the percentile in one kernel, the MSE search in three; ``None`` where they do not apply (other paths,
+    a percentile or MSE divisor that float32 parts cannot carry exactly, more MSE levels than bins)."""
+    if method not in ("percentile", "mse") or not triton_route(hist.counts, xp=xp) or hist.lo.dtype != xp.float32:
+        return None
+    from .. import _triton_kernels
+
+    if method == "percentile":
+        if not _percentile_kernel_applies(config):
+            return None
+        return _triton_kernels.percentile_amax(hist.counts, hist.lo, hist.width, config.percentile / 100)
+    spec = config.spec
+    low, high = mse_window(spec)
+    qrange = float(spec.quant_max - spec.quant_min)
+    float_qparams = spec.qscheme is QScheme.PER_CHANNEL_AFFINE_FLOAT_QPARAMS
+    divisor = qrange / 2 if spec.qscheme.is_symmetric else qrange
+    if not _triton_kernels.mse_applies(hist.counts.shape[-1], high - low + 1, divisor):
+        return None
+    return _triton_kernels.mse_amax(hist.counts, hist.lo, hist.width, start=min(128, hist.counts.shape[-1] - 1),
+                                    stride=config.stride, levels=high - low + 1, mode=int(float_qparams),
+                                    divisor=divisor, eps=float(np.float32(spec.eps)))
 
 
 def observed_range(x: Array, *, axis: int | None, xp: Any, collective: Any = None) -> tuple[Array, Array]:
@@ -425,10 +452,6 @@ def batch_update(state: MinMaxState, x: Array, /, *, axis: int | None, config: C
     choice = amax = None
     if config.method == "mix":
         lo, hi, choice = mix_range(x, hist, lo, hi, axis=axis, config=config, xp=xp, collective=collective)
-    elif config.method == "percentile" and triton_route(hist.counts, xp=xp) and _percentile_kernel_applies(config):
-        from .. import _triton_kernels  # torch CUDA: the search in one kernel
-
-        amax = _triton_kernels.percentile_amax(hist.counts, hist.lo, hist.width, config.percentile / 100)
     else:
         amax = search_amax(config.method, hist, config, xp)
     if state.min_val.dtype == xp.float32 and lo.dtype == xp.float32 and triton_route(state.min_val, lo, xp=xp):
