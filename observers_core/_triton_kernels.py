@@ -745,20 +745,22 @@ def _mse_errors_kernel(p0_ptr, p1_ptr, consts_ptr, lo_ptr, width_ptr, bins, bins
     off = tl.load(c + 5)
     width = tl.load(width_ptr + row)
     startf = tl.div_rn(tl.load(lo_ptr + row), tl.where(width > 0.0, width, 1.0))
-    rk = _mse_scale(startf, width, k, start, stride, mode, d1, d2, d3, eps) / w
+    rk = _mse_scale(startf, width, tl.minimum(k, K - 1), start, stride, mode, d1, d2, d3, eps) / w
     y0 = tl.zeros([KBLOCK], tl.int64)
     y1 = tl.zeros([KBLOCK], tl.int64)
     x1 = tl.zeros([KBLOCK], tl.int64)
     base = row * (bins + 1)
     for m0 in range(1, levels, LBLOCK):
         m = m0 + tl.arange(0, LBLOCK)
-        n = tl.ceil((m.to(tl.float64) - 0.5)[None, :] * rk[:, None] - off)
+        # m beyond the levels: (m - 1/2) = -inf, so n = 0 and P0[0] = P1[0] = 0 add nothing (rk > 0); n stays
+        # in [0, B], so the loads need no mask (candidates beyond K are not stored)
+        half = tl.where(m < levels, m.to(tl.float64) - 0.5, -float("inf"))
+        n = tl.ceil(half[None, :] * rk[:, None] - off)
         n = tl.minimum(tl.maximum(n, 0.0), tl.cast(binsf, tl.float64)).to(tl.int64)
-        valid = km[:, None] & (m < levels)[None, :]
-        g0 = tl.load(p0_ptr + base + n, mask=valid, other=0)
+        g0 = tl.load(p0_ptr + base + n)
         y0 += tl.sum(g0, axis=1)
         y1 += tl.sum((2 * m - 1).to(tl.int64)[None, :] * g0, axis=1)
-        x1 += tl.sum(tl.load(p1_ptr + base + n, mask=valid, other=0), axis=1)
+        x1 += tl.sum(tl.load(p1_ptr + base + n), axis=1)
     u = tl.cast(levels - 1, tl.float64) * rk - off
     t1 = 2.0 * u * s1
     t2 = u * u * s0
@@ -847,3 +849,168 @@ def mse_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor, *, sta
     launch(_mse_pick_kernel, (channels,), err, bound, lo_rows, width_rows, count, start, stride, amax,
            KBLOCK=min(triton.next_power_of_2(count), 1024))
     return amax
+
+
+@triton.jit
+def _tree_sum(v, LOG: tl.constexpr):
+    """The sum of the ``2**LOG`` values ``v`` as a fixed tree: adjacent pairs ``v[2i] + v[2i + 1]`` added, level
+    by level (each addition a single rounding of two values, the same on a GPU and in the interpreter)."""
+    for _ in tl.static_range(LOG):
+        a, b = tl.split(tl.reshape(v, [v.shape[0] // 2, 2]))
+        v = a + b
+    return tl.sum(v, axis=0)
+
+
+@triton.jit
+def _rint64(v):
+    """Round half to even (float64; ``torch.round``): ``(|v| + 2**52) - 2**52`` below 2**52, with ``v``'s sign."""
+    a = tl.abs(v)
+    r = (a + 4503599627370496.0) - 4503599627370496.0
+    r = tl.where(v < 0.0, -r, r)
+    return tl.where(a < 4503599627370496.0, r, v)
+
+
+@triton.jit
+def _rint32(v):
+    """Round half to even (float32)."""
+    a = tl.abs(v)
+    r = (a + 8388608.0) - 8388608.0
+    r = tl.where(v < 0.0, -r, r)
+    return tl.where(a < 8388608.0, r, v)
+
+
+@triton.jit
+def _mix_candidate(lo, hi, amax, MODE: tl.constexpr, qmin, qmax, zsym, divisor, eps):
+    """A Mix candidate's range and quantizer: ``families.calibration.clip_range(lo, hi, amax)`` and
+    ``calculate_qparams`` of it in float32 (``MODE`` 0 symmetric, 1 affine, 2 float qparams; torch divides by
+    ``divisor`` as float32): ``(lo_k, hi_k, scale, zero_point as float64)``."""
+    nan = tl.PropagateNan.ALL
+    seen = lo <= hi
+    lo_k = tl.where(seen, tl.minimum(tl.maximum(lo, -amax, propagate_nan=nan), amax, propagate_nan=nan), lo)
+    hi_k = tl.where(seen, tl.minimum(tl.maximum(hi, -amax, propagate_nan=nan), amax, propagate_nan=nan), hi)
+    min_neg = tl.minimum(lo_k, 0.0, propagate_nan=nan)
+    max_pos = tl.maximum(hi_k, 0.0, propagate_nan=nan)
+    if MODE == 0:
+        max_pos = tl.maximum(-min_neg, max_pos, propagate_nan=nan)
+        scale = tl.maximum(tl.div_rn(max_pos, divisor), eps, propagate_nan=nan)
+        zero_point = tl.zeros_like(scale).to(tl.float64) + tl.cast(zsym, tl.float64)
+    elif MODE == 1:
+        scale = tl.maximum(tl.div_rn(max_pos - min_neg, divisor), eps, propagate_nan=nan)
+        rounded = _rint32(tl.div_rn(min_neg, scale)).to(tl.int32)
+        zero_point = tl.minimum(tl.maximum(qmin - rounded, qmin), qmax).to(tl.float64)
+    else:
+        scale = tl.div_rn(hi_k - lo_k, divisor)
+        scale = tl.where(scale > eps, scale, 1.0)
+        zero_point = tl.div_rn(-lo_k, scale).to(tl.float64)
+    invalid = lo_k > hi_k
+    scale = tl.where(invalid, 1.0, scale)
+    zero_point = tl.where(invalid, 0.0, zero_point)
+    return lo_k, hi_k, scale, zero_point
+
+
+@triton.jit
+def _mix_block_sum(v, finite, lo, hi, amax, norm, MODE: tl.constexpr, qmin, qmax, zsym, divisor, eps,
+                   LOG: tl.constexpr):
+    """The tree sum over a block of ``((fq(v) - v) / norm)**2`` (0 where ``v`` is not finite), ``fq`` the
+    candidate's :func:`~observers_core.fake_quantize` in float64 (``candidate_errors``' operations)."""
+    lo_k, hi_k, scale, zero_point = _mix_candidate(lo, hi, amax, MODE, qmin, qmax, zsym, divisor, eps)
+    s = scale.to(tl.float64)
+    inv = 1.0 / s
+    if MODE == 2:  # a float zero point: added before rounding
+        q = _rint64(v * inv + zero_point)
+    else:
+        q = _rint64(v * inv) + zero_point
+    q = tl.minimum(tl.maximum(q, tl.cast(qmin, tl.float64)), tl.cast(qmax, tl.float64))
+    d = ((q - zero_point) * s - v) / norm
+    return _tree_sum(tl.where(finite, d * d, 0.0), LOG)
+
+
+@triton.jit
+def _mix_errors_kernel(x_ptr, N, lo_ptr, hi_ptr, pct_ptr, kl_ptr, mse_ptr, qmin, qmax, zsym, divisor, eps, part_ptr,
+                       count_ptr, NB, MODE: tl.constexpr, BLOCK: tl.constexpr, LOG: tl.constexpr):
+    """Program ``(row, block)``: for each Mix candidate (minmax, percentile, kl, mse: the range clipped to
+    ``+inf`` and the three ``amax``), the tree sum of the squared fake-quantization errors over the block's
+    ``BLOCK`` values of the row (zeros past its end) in units of ``norm`` (``error_norm`` of the row's largest
+    finite ``|x|``), into ``part[row, k, block]``; its finite values' count into ``count[row, block]``."""
+    row = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1)
+    offs = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(x_ptr + row * N + offs, mask=m, other=0.0)
+    finite = m & _finite(x)
+    v = tl.where(finite, x.to(tl.float64), 0.0)
+    lo = tl.load(lo_ptr + row)
+    hi = tl.load(hi_ptr + row)
+    norm = tl.abs(tl.maximum(-lo, hi, propagate_nan=tl.PropagateNan.ALL).to(tl.float64))
+    norm = tl.where((norm > 0.0) & (norm < float("inf")), norm, 1.0)
+    norm = tl.minimum(_pow2_at_least64(norm), 4.49423283715579e307)  # error_norm (2**1022 cap)
+    out = part_ptr + (row * 4) * NB + b
+    q = (MODE, qmin, qmax, zsym, divisor, eps, LOG)
+    tl.store(out, _mix_block_sum(v, finite, lo, hi, float("inf"), norm, *q))
+    tl.store(out + NB, _mix_block_sum(v, finite, lo, hi, tl.load(pct_ptr + row), norm, *q))
+    tl.store(out + 2 * NB, _mix_block_sum(v, finite, lo, hi, tl.load(kl_ptr + row), norm, *q))
+    tl.store(out + 3 * NB, _mix_block_sum(v, finite, lo, hi, tl.load(mse_ptr + row), norm, *q))
+    tl.store(count_ptr + row * NB + b, tl.sum(finite.to(tl.int64), axis=0))
+
+
+@triton.jit
+def _mix_pick_kernel(part_ptr, count_ptr, NB, lo_ptr, hi_ptr, pct_ptr, kl_ptr, mse_ptr, qmin, qmax, zsym, divisor, eps,
+                     lo_out, hi_out, choice_out, errors_out, MODE: tl.constexpr, NBLOCK: tl.constexpr, LOG: tl.constexpr):
+    """Program ``row``: the candidates' errors ``E_k = sum / max(count, 1)`` (the blocks' sums added as the
+    same tree, zeros past the last block) and the first least one (``argmin``); its range, index and the errors."""
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, NBLOCK)
+    jm = j < NB
+    count = tl.sum(tl.load(count_ptr + row * NB + j, mask=jm, other=0), axis=0).to(tl.float64)
+    count = tl.where(count > 0.0, count, 1.0)
+    base = part_ptr + (row * 4) * NB + j
+    best = _tree_sum(tl.load(base, mask=jm, other=0.0), LOG) / count
+    tl.store(errors_out + row * 4, best)
+    choice = tl.zeros([], tl.int64)
+    for k in tl.static_range(1, 4):
+        e = _tree_sum(tl.load(base + k * NB, mask=jm, other=0.0), LOG) / count
+        tl.store(errors_out + row * 4 + k, e)
+        better = (e < best) | ((e != e) & (best == best))  # torch.argmin: the first least, NaN first
+        best = tl.where(better, e, best)
+        choice = tl.where(better, k, choice)
+    lo = tl.load(lo_ptr + row)
+    hi = tl.load(hi_ptr + row)
+    amax = tl.where(choice == 1, tl.load(pct_ptr + row), float("inf"))
+    amax = tl.where(choice == 2, tl.load(kl_ptr + row), amax)
+    amax = tl.where(choice == 3, tl.load(mse_ptr + row), amax)
+    lo_k, hi_k, scale, zero_point = _mix_candidate(lo, hi, amax, MODE, qmin, qmax, zsym, divisor, eps)
+    tl.store(lo_out + row, lo_k)
+    tl.store(hi_out + row, hi_k)
+    tl.store(choice_out + row, choice)
+
+
+def mix_pick(x: torch.Tensor, axis: int | None, lo: torch.Tensor, hi: torch.Tensor, amax: tuple, *, mode: int,
+             quant_min: int, quant_max: int, zero_point: int, divisor: float, eps: float
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``families.calibration.mix_range`` of a non-empty float32 ``x`` (per tensor, or per channel along the
+    normalised ``axis``) with its finite range ``(lo, hi)`` and the percentile, KL and MSE ``amax``: the
+    candidates' errors (``candidate_errors`` on the torch CUDA path: float64 terms added as a fixed tree) in
+    one pass over ``x`` and the pick in a second kernel. ``mode``: 0 symmetric, 1 affine, 2 float qparams;
+    ``divisor``: the qparams' ``Q_max - Q_min`` (halved when symmetric). ``(lo, hi, choice, errors)`` as new tensors
+    (``errors``: the candidates' ``E_k``, float64, shape ``lo.shape + (4,)``)."""
+    rows = x.reshape(1, -1) if axis is None else torch.movedim(x, axis, 0).reshape(x.shape[axis], -1)
+    rows = rows.contiguous()
+    channels, n = rows.shape
+    cap = 4096  # blocks per row (the pick adds them in one program)
+    block = max(16, min(triton.next_power_of_2(n), _block(rows)), triton.next_power_of_2(triton.cdiv(n, cap)))
+    nb = triton.cdiv(n, block)
+    nblock = max(2, triton.next_power_of_2(nb))
+    device = x.device
+    parts = torch.empty((channels, 4, nb), dtype=torch.float64, device=device)
+    counts = torch.empty((channels, nb), dtype=torch.int64, device=device)
+    lo_out = torch.empty(lo.shape, dtype=torch.float32, device=device)
+    hi_out = torch.empty(lo.shape, dtype=torch.float32, device=device)
+    choice = torch.empty(lo.shape, dtype=torch.int64, device=device)
+    errors = torch.empty(tuple(lo.shape) + (4,), dtype=torch.float64, device=device)
+    flat = [a.reshape(-1).to(torch.float32).contiguous() for a in (lo, hi, *amax)]
+    qargs = (quant_min, quant_max, zero_point, float(divisor), float(eps))
+    launch(_mix_errors_kernel, (channels, nb), rows, n, *flat, *qargs, parts, counts, nb, MODE=mode, BLOCK=block,
+           LOG=int(math.log2(block)))
+    launch(_mix_pick_kernel, (channels,), parts, counts, nb, *flat, *qargs, lo_out, hi_out, choice, errors, MODE=mode,
+           NBLOCK=nblock, LOG=int(math.log2(nblock)))
+    return lo_out, hi_out, choice, errors

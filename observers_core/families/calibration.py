@@ -54,8 +54,8 @@ from .._minmax import (
     moving_average_update,
 )
 from .._namespace import (
-    array_namespace, channel_rows, device_of, explicit_replicated, is_finite, is_numpy_namespace, rounded, size,
-    triton_route,
+    array_namespace, channel_rows, device_of, explicit_replicated, is_finite, is_numpy_namespace, is_torch_namespace,
+    rounded, size, torch_cuda_path, triton_route,
 )
 from .._qparams import calculate_qparams
 from .._quantize import fake_quantize
@@ -66,7 +66,7 @@ __all__ = [
     "batch_update", "candidate_errors", "check_accumulator_channels", "clip_range", "describe", "kl_accumulate",
     "kl_channels_differ", "kl_init", "kl_merge",
     "kl_pending_message", "kl_update", "KLState", "kl_state_init", "kl_state_update", "kl_state_merge", "make_config", "mix_range", "observed_range", "positive_levels",
-    "search_amax", "with_spec",
+    "search_amax", "tree_sum", "with_spec",
 ]  # fmt: skip
 
 Array = Any
@@ -377,15 +377,28 @@ def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: 
             amax = _reduced(xp.max(xp.abs(rows), axis=-1, keepdims=True) if size(rows) else
                             xp.zeros((rows.shape[0], 1), dtype=dtype, device=device_of(rows)), "max", collective)
         norm = error_norm(amax, xp)
+        tree = is_torch_namespace(xp) and torch_cuda_path(rows)  # (the Mix kernel's order)
         sums = []
         for k in range(lo2.shape[-1]):  # a static loop over the (few) candidates: one (C, N) temporary each
             fq = fake_quantize(rows, scale[:, k:k + 1], zero_point[:, k:k + 1],
                                quant_min=spec.quant_min, quant_max=spec.quant_max, xp=xp)
             d = xp.where(finite, (fq - rows) / norm[:, None], 0.0)
-            sums.append(xp.sum(d * d, axis=-1))
+            sums.append(tree_sum(d * d, xp) if tree else xp.sum(d * d, axis=-1))
         sums = xp.stack(sums, axis=-1)
     sums, count = _reduced(sums, "sum", collective), _reduced(count, "sum", collective)
     return xp.reshape(sums / xp.where(count > 0, count, 1.0)[:, None], tuple(lo.shape))
+
+
+def tree_sum(v: Array, xp: Any) -> Array:
+    """The sum along the last axis as a fixed tree, the order of the torch CUDA path's Mix kernel: ``v``
+    zero-padded to a power of two, then adjacent pairs ``v[2i] + v[2i + 1]`` added level by level."""
+    n = v.shape[-1]
+    size = 1 << max(0, n - 1).bit_length()
+    if size > n:
+        v = xp.concat([v, xp.zeros(tuple(v.shape[:-1]) + (size - n,), dtype=v.dtype, device=device_of(v))], axis=-1)
+    while v.shape[-1] > 1:
+        v = v[..., 0::2] + v[..., 1::2]
+    return v[..., 0]
 
 
 def _fq_sums(rows: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, float_zero_point: bool, norm: np.ndarray,
@@ -416,7 +429,19 @@ def mix_range(x: Array, hist: CalibHistogram, lo: Array, hi: Array, *, axis: int
               xp: Any, collective: Any = None) -> tuple[Array, Array, Array]:
     """MixObserver's batch result: every candidate of :data:`MIX_CANDIDATES` clips ``(lo, hi)``; the one
     of least :func:`candidate_errors` wins (the first among equals). ``(lo, hi, choice)``."""
-    ranges = [clip_range(lo, hi, search_amax(m, hist, config, xp), xp) for m in MIX_CANDIDATES]
+    amaxes = [search_amax(m, hist, config, xp) for m in MIX_CANDIDATES]
+    if (collective is None and size(x) > 0 and x.dtype == xp.float32 and lo.dtype == xp.float32
+            and triton_route(x, lo, xp=xp)):
+        from .. import _triton_kernels  # torch CUDA: the candidates' errors in one pass over x, the pick
+
+        spec = config.spec
+        qrange = float(spec.quant_max - spec.quant_min)
+        mode = 0 if spec.qscheme.is_symmetric else 2 if spec.qscheme is QScheme.PER_CHANNEL_AFFINE_FLOAT_QPARAMS else 1
+        return _triton_kernels.mix_pick(
+            x, None if axis is None else axis % x.ndim, lo, hi, amaxes[1:], mode=mode, quant_min=spec.quant_min,
+            quant_max=spec.quant_max, zero_point=spec.symmetric_zero_point, divisor=qrange / 2 if mode == 0 else qrange,
+            eps=float(np.float32(spec.eps)))[:3]
+    ranges = [clip_range(lo, hi, a, xp) for a in amaxes]
     lo_k = xp.stack([r[0] for r in ranges], axis=-1)
     hi_k = xp.stack([r[1] for r in ranges], axis=-1)
     amax = xp.maximum(-lo, hi) if x.dtype == lo.dtype else None  # exact: the range of x itself (as float32)
