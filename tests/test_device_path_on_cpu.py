@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from observers_core.adapters import torch as tobs  # noqa: E402
-from observers_core.testing import cuda_path_on_cpu  # noqa: E402
+from observers_core.testing import count_launches, cuda_path_on_cpu  # noqa: E402
 
 from _adversarial_strategies import KINDS, make_batch  # noqa: E402
 from _torch_observer_configs import CONFIGS, config_id  # noqa: E402
@@ -114,3 +114,101 @@ def test_cuda_path_on_cpu_switches_the_one_predicate_and_restores_it():
     with pytest.raises(RuntimeError), cuda_path_on_cpu():
         raise RuntimeError("restored on errors too")
     assert not torch_cuda_path(x)
+
+
+def _calibration_cases():
+    """(x, axis) batches for the search kernels: per tensor and per channel, tiny and huge magnitudes, zeros,
+    NaN, +/-inf, a channel with nothing finite."""
+    g = torch.Generator().manual_seed(3)
+    cases = []
+    for shape, axis, scale in [((16, 128), None, 1.0), ((4, 12), 1, 3.0), ((4, 12), 1, 1e-30), ((4, 32), None, 1e37),
+                               ((3, 500), 0, 1.0), ((4, 12), 1, 3e38)]:
+        x = (torch.randn(*shape, generator=g) * scale).clamp(-3.4e38, 3.4e38)
+        x.view(-1)[:3] = 0.0
+        x.view(-1)[5], x.view(-1)[7] = float("nan"), float("inf")
+        if axis == 1 and scale > 1e38:
+            x[:, 2] = float("nan")
+        cases.append((x, axis))
+    return cases
+
+
+_SLOW = pytest.mark.slow
+#: The quantizers of the search-kernel tests: the three scale formulas (symmetric, affine, float qparams) in
+#: the default run, more levels and zero points in the slow one.
+_SEARCH_SPECS = [("qint8", "per_tensor_symmetric"), ("quint8", "per_channel_affine_float_qparams"),
+                 pytest.param("quint8", "per_tensor_affine", marks=_SLOW),
+                 pytest.param("quint4x2", "per_channel_symmetric", marks=_SLOW)]
+
+
+@pytest.mark.parametrize("dtype, qscheme", _SEARCH_SPECS)
+def test_mse_search_kernels_equal_the_array_search(dtype, qscheme):
+    """The three MSE kernels' ``amax`` (``search_amax("mse")`` on the torch CUDA path) is ``mse_threshold``'s
+    array code bit for bit, for several strides and bin counts."""
+    pytest.importorskip("triton")
+    import array_api_compat.torch as txp
+
+    from observers_core import quant_spec
+    from observers_core._calibration import CalibHistogram, calib_histogram_edges, mse_threshold
+    from observers_core._triton_kernels import range_abs_histogram
+    from observers_core.families import calibration as cal
+
+    spec = quant_spec(dtype, qscheme)
+    for (x, axis), (bins, stride) in zip(_calibration_cases(), [(256, 1), (256, 3), (512, 2), (256, 1), (300, 1), (256, 5)]):
+        with cuda_path_on_cpu():
+            hist = CalibHistogram(*range_abs_histogram(x, axis, bins)[2])
+            config = cal.CalibConfig("mse", spec, 0.01, bins, cal.positive_levels(spec), stride=stride)
+            with count_launches() as counted:
+                kernel = cal.search_amax("mse", hist, config, txp)
+            assert counted.triton["_mse_errors_kernel"] == 1 and counted.syncs == 0, counted
+            array = mse_threshold(hist.counts, calib_histogram_edges(hist, xp=txp), spec=spec, stride=stride,
+                                  check=False, xp=txp)
+        assert kernel.dtype == array.dtype and kernel.shape == array.shape
+        np.testing.assert_array_equal(kernel.numpy(), array.numpy(), err_msg=f"{tuple(x.shape)} axis={axis}")
+
+
+@pytest.mark.parametrize("dtype, qscheme", _SEARCH_SPECS + [("qint8", "per_channel_affine"),
+                                                            pytest.param("quint8", "per_channel_symmetric", marks=_SLOW)])
+def test_mix_kernels_equal_the_array_code(dtype, qscheme):
+    """The Mix kernels' candidate errors, choice and range are ``candidate_errors`` (torch CUDA array code: its
+    terms added as :func:`tree_sum`) and ``argmin`` bit for bit (NaN errors where the array code has them)."""
+    pytest.importorskip("triton")
+    import array_api_compat.torch as txp
+
+    from observers_core import quant_spec
+    from observers_core._calibration import CalibHistogram
+    from observers_core._dtypes import QScheme
+    from observers_core._triton_kernels import mix_pick, range_abs_histogram
+    from observers_core.families import calibration as cal
+
+    spec = quant_spec(dtype, qscheme)
+    mode = 0 if spec.qscheme.is_symmetric else 2 if spec.qscheme is QScheme.PER_CHANNEL_AFFINE_FLOAT_QPARAMS else 1
+    qrange = float(spec.quant_max - spec.quant_min)
+    for x, axis in _calibration_cases():
+        with cuda_path_on_cpu():
+            lo, hi, parts = range_abs_histogram(x, axis, 256)
+            hist = CalibHistogram(*parts)
+            config = cal.CalibConfig("mix", spec, 0.01, 256, cal.positive_levels(spec))
+            amax = [cal.search_amax(m, hist, config, txp) for m in cal.MIX_CANDIDATES]
+            got = mix_pick(x, axis, lo, hi, amax[1:], mode=mode, quant_min=spec.quant_min, quant_max=spec.quant_max,
+                           zero_point=spec.symmetric_zero_point, divisor=qrange / 2 if mode == 0 else qrange,
+                           eps=float(np.float32(spec.eps)))
+            ranges = [cal.clip_range(lo, hi, a, txp) for a in amax]
+            lo_k, hi_k = (torch.stack([r[i] for r in ranges], -1) for i in (0, 1))
+            errors = cal.candidate_errors(x, lo_k, hi_k, axis=axis, spec=spec, xp=txp, amax=torch.maximum(-lo, hi))
+            choice = torch.argmin(errors, -1)
+        what = f"{tuple(x.shape)} axis={axis}"
+        np.testing.assert_array_equal(got[3].numpy(), errors.numpy(), err_msg=what)  # (NaN == NaN here)
+        np.testing.assert_array_equal(got[2].numpy(), choice.numpy(), err_msg=what)
+        for out, k in ((got[0], lo_k), (got[1], hi_k)):
+            np.testing.assert_array_equal(out.numpy(), torch.gather(k, -1, choice[..., None])[..., 0].numpy(), err_msg=what)
+
+
+def test_tree_sum_adds_adjacent_pairs_level_by_level():
+    import array_api_compat.torch as txp
+
+    from observers_core.families.calibration import tree_sum
+
+    v = torch.tensor([[1e16, 1.0, -1e16, 1.0, 3.0]], dtype=torch.float64)
+    # ((1e16 + 1) + (-1e16 + 1)) + ((3 + 0) + (0 + 0)): 1e16 + 1 rounds to 1e16, -1e16 + 1 to -1e16 + 2 (even)
+    assert float(tree_sum(v, txp)[0]) == ((1e16 + 1.0) + (-1e16 + 1.0)) + 3.0
+    assert float(tree_sum(v[:, :1], txp)[0]) == 1e16 and float(tree_sum(v[:, :0], txp)[0]) == 0.0

@@ -3,10 +3,10 @@ the counting of benchmarks/device_path_ops.py (:func:`observers_core.testing.cou
 :func:`observers_core.testing.cuda_path_on_cpu`: aten operations that launch a kernel plus Triton
 launches; views and allocations are not launches; host synchronisations counted apart).
 
-Held here: HistogramObserver.forward <= 8 and no sync; PercentileObserver.forward (per tensor and per
-channel) <= 12; every torch.ao MinMax-family class no more than torch.ao's own forward. Not yet held (part
-of the step still runs the array code; docs/gpu-kernels.md lists the counts): the KL, MSE and Mix
-forwards and HistogramObserver.calculate_qparams.
+Held here: HistogramObserver.forward <= 8 and no sync; PercentileObserver.forward and MSEObserver.forward
+(per tensor and per channel) <= 12, no sync; every torch.ao MinMax-family class no more than torch.ao's own
+forward. Not yet held (part of the step still runs the array code; docs/gpu-kernels.md lists the counts):
+the KL and Mix forwards and HistogramObserver.calculate_qparams.
 """
 
 from __future__ import annotations
@@ -55,6 +55,19 @@ def test_percentile_forward_launches_at_most_12(kwargs):
     counted = count(("PercentileObserver", kwargs), BATCHES)
     assert counted.launches <= 12, counted
     assert counted.syncs == 0, counted
+
+
+#: Per-channel batches of the MSE and Mix counts: 8 channels (the Triton interpreter runs the candidates' level
+#: sums of every channel; (64, 512) has 512, minutes on the CPU). The launches do not depend on the channel count.
+SMALL_CHANNELS = batches_of((64, 8))
+
+
+@pytest.mark.parametrize("kwargs", [{}, PER_CHANNEL], ids=["per_tensor", "per_channel"])
+def test_mse_forward_launches_at_most_12_and_never_syncs(kwargs):
+    counted = count(("MSEObserver", kwargs), SMALL_CHANNELS if kwargs else BATCHES)
+    assert counted.launches <= 12, counted
+    assert counted.syncs == 0, counted
+    assert all(counted.triton[k] == 1 for k in ("_mse_prepare_kernel", "_mse_errors_kernel", "_mse_pick_kernel")), counted
 
 
 @pytest.mark.parametrize("name", MINMAX)
