@@ -430,9 +430,8 @@ def _clip_average_kernel(lo_ptr, hi_ptr, amax_ptr, smin_ptr, smax_ptr, c, one_mi
     if CLIP:
         amax = tl.load(amax_ptr + offs, mask=m, other=0.0)
         seen = lo <= hi
-        nan = tl.PropagateNan.ALL
-        lo = tl.where(seen, tl.minimum(tl.maximum(lo, -amax, propagate_nan=nan), amax, propagate_nan=nan), lo)
-        hi = tl.where(seen, tl.minimum(tl.maximum(hi, -amax, propagate_nan=nan), amax, propagate_nan=nan), hi)
+        lo = tl.where(seen, tl.minimum(tl.maximum(lo, -amax, propagate_nan=tl.PropagateNan.ALL), amax, propagate_nan=tl.PropagateNan.ALL), lo)
+        hi = tl.where(seen, tl.minimum(tl.maximum(hi, -amax, propagate_nan=tl.PropagateNan.ALL), amax, propagate_nan=tl.PropagateNan.ALL), hi)
     # moving_average_update of the pairs [lo, hi] with ignore_nonfinite: their finite min and max
     lo_f = _finite(lo)
     hi_f = _finite(hi)
@@ -884,18 +883,17 @@ def _mix_candidate(lo, hi, amax, MODE: tl.constexpr, qmin, qmax, zsym, divisor, 
     """A Mix candidate's range and quantizer: ``families.calibration.clip_range(lo, hi, amax)`` and
     ``calculate_qparams`` of it in float32 (``MODE`` 0 symmetric, 1 affine, 2 float qparams; torch divides by
     ``divisor`` as float32): ``(lo_k, hi_k, scale, zero_point as float64)``."""
-    nan = tl.PropagateNan.ALL
     seen = lo <= hi
-    lo_k = tl.where(seen, tl.minimum(tl.maximum(lo, -amax, propagate_nan=nan), amax, propagate_nan=nan), lo)
-    hi_k = tl.where(seen, tl.minimum(tl.maximum(hi, -amax, propagate_nan=nan), amax, propagate_nan=nan), hi)
-    min_neg = tl.minimum(lo_k, 0.0, propagate_nan=nan)
-    max_pos = tl.maximum(hi_k, 0.0, propagate_nan=nan)
+    lo_k = tl.where(seen, tl.minimum(tl.maximum(lo, -amax, propagate_nan=tl.PropagateNan.ALL), amax, propagate_nan=tl.PropagateNan.ALL), lo)
+    hi_k = tl.where(seen, tl.minimum(tl.maximum(hi, -amax, propagate_nan=tl.PropagateNan.ALL), amax, propagate_nan=tl.PropagateNan.ALL), hi)
+    min_neg = tl.minimum(lo_k, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    max_pos = tl.maximum(hi_k, 0.0, propagate_nan=tl.PropagateNan.ALL)
     if MODE == 0:
-        max_pos = tl.maximum(-min_neg, max_pos, propagate_nan=nan)
-        scale = tl.maximum(tl.div_rn(max_pos, divisor), eps, propagate_nan=nan)
+        max_pos = tl.maximum(-min_neg, max_pos, propagate_nan=tl.PropagateNan.ALL)
+        scale = tl.maximum(tl.div_rn(max_pos, divisor), eps, propagate_nan=tl.PropagateNan.ALL)
         zero_point = tl.zeros_like(scale).to(tl.float64) + tl.cast(zsym, tl.float64)
     elif MODE == 1:
-        scale = tl.maximum(tl.div_rn(max_pos - min_neg, divisor), eps, propagate_nan=nan)
+        scale = tl.maximum(tl.div_rn(max_pos - min_neg, divisor), eps, propagate_nan=tl.PropagateNan.ALL)
         rounded = _rint32(tl.div_rn(min_neg, scale)).to(tl.int32)
         zero_point = tl.minimum(tl.maximum(qmin - rounded, qmin), qmax).to(tl.float64)
     else:
@@ -945,11 +943,16 @@ def _mix_errors_kernel(x_ptr, N, lo_ptr, hi_ptr, pct_ptr, kl_ptr, mse_ptr, qmin,
     norm = tl.where((norm > 0.0) & (norm < float("inf")), norm, 1.0)
     norm = tl.minimum(_pow2_at_least64(norm), 4.49423283715579e307)  # error_norm (2**1022 cap)
     out = part_ptr + (row * 4) * NB + b
-    q = (MODE, qmin, qmax, zsym, divisor, eps, LOG)
-    tl.store(out, _mix_block_sum(v, finite, lo, hi, float("inf"), norm, *q))
-    tl.store(out + NB, _mix_block_sum(v, finite, lo, hi, tl.load(pct_ptr + row), norm, *q))
-    tl.store(out + 2 * NB, _mix_block_sum(v, finite, lo, hi, tl.load(kl_ptr + row), norm, *q))
-    tl.store(out + 3 * NB, _mix_block_sum(v, finite, lo, hi, tl.load(mse_ptr + row), norm, *q))
+    for k in tl.static_range(4):  # minmax (amax +inf), percentile, kl, mse
+        if k == 0:
+            amax = float("inf")
+        elif k == 1:
+            amax = tl.load(pct_ptr + row)
+        elif k == 2:
+            amax = tl.load(kl_ptr + row)
+        else:
+            amax = tl.load(mse_ptr + row)
+        tl.store(out + k * NB, _mix_block_sum(v, finite, lo, hi, amax, norm, MODE, qmin, qmax, zsym, divisor, eps, LOG))
     tl.store(count_ptr + row * NB + b, tl.sum(finite.to(tl.int64), axis=0))
 
 

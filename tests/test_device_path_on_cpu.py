@@ -212,3 +212,41 @@ def test_tree_sum_adds_adjacent_pairs_level_by_level():
     # ((1e16 + 1) + (-1e16 + 1)) + ((3 + 0) + (0 + 0)): 1e16 + 1 rounds to 1e16, -1e16 + 1 to -1e16 + 2 (even)
     assert float(tree_sum(v, txp)[0]) == ((1e16 + 1.0) + (-1e16 + 1.0)) + 3.0
     assert float(tree_sum(v[:, :1], txp)[0]) == 1e16 and float(tree_sum(v[:, :0], txp)[0]) == 0.0
+
+
+def _signature(kernel, constexprs: dict, types: dict) -> dict:
+    """The compile signature of a Triton kernel: ``types`` by argument name (default ``i32``), ``constexpr``
+    for ``constexprs``."""
+    return {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in kernel.arg_names}
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_calibration_search_kernels_compile_for_a_gpu(mode):
+    """The MSE, Mix and clip/average kernels compile to PTX and a cubin for sm_90 (no GPU needed): the
+    interpreter accepts Python that the compiler refuses (an enum held in a variable, for one)."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from observers_core import _triton_kernels as tk
+
+    pointers = dict(counts_ptr="*i64", p0_ptr="*i64", p1_ptr="*i64", count_ptr="*i64", choice_out="*i64",
+                    consts_ptr="*fp64", err_ptr="*fp64", bound_ptr="*fp64", part_ptr="*fp64", errors_out="*fp64")
+    floats = dict.fromkeys(["binsf", "d1", "d2", "d3", "eps", "divisor", "c", "one_minus_c"], "fp32")
+    types = {**pointers, **floats}
+    cases = [
+        (tk._mse_prepare_kernel, dict(BLOCK=2048, KBLOCK=1024)),
+        (tk._mse_errors_kernel, dict(KBLOCK=32, LBLOCK=128)),
+        (tk._mse_pick_kernel, dict(KBLOCK=1024)),
+        (tk._mix_errors_kernel, dict(MODE=mode, BLOCK=1024, LOG=10)),
+        (tk._mix_pick_kernel, dict(MODE=mode, NBLOCK=64, LOG=6)),
+        (tk._clip_average_kernel, dict(CLIP=mode > 0, BLOCK=16)),
+    ]
+    for kernel, constexprs in cases:
+        sig = _signature(kernel, constexprs, types)
+        for name in kernel.arg_names:  # the remaining pointers: float32 tensors
+            if name.endswith(("_ptr", "_out")) and name not in types:
+                sig[name] = "*fp32"
+        compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs),
+                                  target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
+        assert "cubin" in compiled.asm and compiled.asm["ptx"], kernel
