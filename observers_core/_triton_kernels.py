@@ -415,6 +415,12 @@ def moving_average(min_val: torch.Tensor, max_val: torch.Tensor, lo: torch.Tenso
 
 
 @triton.jit
+def _clip_to(v, amax):
+    """``minimum(maximum(v, -amax), amax)``, NaN propagated (torch's ``maximum``/``minimum``)."""
+    return tl.minimum(tl.maximum(v, -amax, propagate_nan=tl.PropagateNan.ALL), amax, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _clip_average_kernel(lo_ptr, hi_ptr, amax_ptr, smin_ptr, smax_ptr, c, one_minus_c, min_out, max_out, n,
                          CLIP: tl.constexpr, BLOCK: tl.constexpr):
     """``families.calibration.clip_range`` (``CLIP``) then ``average_range``, per entry: the range clipped
@@ -430,8 +436,8 @@ def _clip_average_kernel(lo_ptr, hi_ptr, amax_ptr, smin_ptr, smax_ptr, c, one_mi
     if CLIP:
         amax = tl.load(amax_ptr + offs, mask=m, other=0.0)
         seen = lo <= hi
-        lo = tl.where(seen, tl.minimum(tl.maximum(lo, -amax, propagate_nan=tl.PropagateNan.ALL), amax, propagate_nan=tl.PropagateNan.ALL), lo)
-        hi = tl.where(seen, tl.minimum(tl.maximum(hi, -amax, propagate_nan=tl.PropagateNan.ALL), amax, propagate_nan=tl.PropagateNan.ALL), hi)
+        lo = tl.where(seen, _clip_to(lo, amax), lo)
+        hi = tl.where(seen, _clip_to(hi, amax), hi)
     # moving_average_update of the pairs [lo, hi] with ignore_nonfinite: their finite min and max
     lo_f = _finite(lo)
     hi_f = _finite(hi)
@@ -884,8 +890,8 @@ def _mix_candidate(lo, hi, amax, MODE: tl.constexpr, qmin, qmax, zsym, divisor, 
     ``calculate_qparams`` of it in float32 (``MODE`` 0 symmetric, 1 affine, 2 float qparams; torch divides by
     ``divisor`` as float32): ``(lo_k, hi_k, scale, zero_point as float64)``."""
     seen = lo <= hi
-    lo_k = tl.where(seen, tl.minimum(tl.maximum(lo, -amax, propagate_nan=tl.PropagateNan.ALL), amax, propagate_nan=tl.PropagateNan.ALL), lo)
-    hi_k = tl.where(seen, tl.minimum(tl.maximum(hi, -amax, propagate_nan=tl.PropagateNan.ALL), amax, propagate_nan=tl.PropagateNan.ALL), hi)
+    lo_k = tl.where(seen, _clip_to(lo, amax), lo)
+    hi_k = tl.where(seen, _clip_to(hi, amax), hi)
     min_neg = tl.minimum(lo_k, 0.0, propagate_nan=tl.PropagateNan.ALL)
     max_pos = tl.maximum(hi_k, 0.0, propagate_nan=tl.PropagateNan.ALL)
     if MODE == 0:
@@ -958,7 +964,8 @@ def _mix_errors_kernel(x_ptr, N, lo_ptr, hi_ptr, pct_ptr, kl_ptr, mse_ptr, qmin,
 
 @triton.jit
 def _mix_pick_kernel(part_ptr, count_ptr, NB, lo_ptr, hi_ptr, pct_ptr, kl_ptr, mse_ptr, qmin, qmax, zsym, divisor, eps,
-                     lo_out, hi_out, choice_out, errors_out, MODE: tl.constexpr, NBLOCK: tl.constexpr, LOG: tl.constexpr):
+                     lo_out, hi_out, choice_out, errors_out, MODE: tl.constexpr, NBLOCK: tl.constexpr,
+                     LOG: tl.constexpr):
     """Program ``row``: the candidates' errors ``E_k = sum / max(count, 1)`` (the blocks' sums added as the
     same tree, zeros past the last block) and the first least one (``argmin``); its range, index and the errors."""
     row = tl.program_id(0).to(tl.int64)

@@ -153,7 +153,8 @@ def test_mse_search_kernels_equal_the_array_search(dtype, qscheme):
     from observers_core.families import calibration as cal
 
     spec = quant_spec(dtype, qscheme)
-    for (x, axis), (bins, stride) in zip(_calibration_cases(), [(256, 1), (256, 3), (512, 2), (256, 1), (300, 1), (256, 5)]):
+    grids = [(256, 1), (256, 3), (512, 2), (256, 1), (300, 1), (256, 5)]  # (bins, stride) of each case
+    for (x, axis), (bins, stride) in zip(_calibration_cases(), grids):
         with cuda_path_on_cpu():
             hist = CalibHistogram(*range_abs_histogram(x, axis, bins)[2])
             config = cal.CalibConfig("mse", spec, 0.01, bins, cal.positive_levels(spec), stride=stride)
@@ -166,8 +167,11 @@ def test_mse_search_kernels_equal_the_array_search(dtype, qscheme):
         np.testing.assert_array_equal(kernel.numpy(), array.numpy(), err_msg=f"{tuple(x.shape)} axis={axis}")
 
 
-@pytest.mark.parametrize("dtype, qscheme", _SEARCH_SPECS + [("qint8", "per_channel_affine"),
-                                                            pytest.param("quint8", "per_channel_symmetric", marks=_SLOW)])
+_MIX_SPECS = _SEARCH_SPECS + [("qint8", "per_channel_affine"),
+                              pytest.param("quint8", "per_channel_symmetric", marks=_SLOW)]
+
+
+@pytest.mark.parametrize("dtype, qscheme", _MIX_SPECS)
 def test_mix_kernels_equal_the_array_code(dtype, qscheme):
     """The Mix kernels' candidate errors, choice and range are ``candidate_errors`` (torch CUDA array code: its
     terms added as :func:`tree_sum`) and ``argmin`` bit for bit (NaN errors where the array code has them)."""
@@ -200,7 +204,8 @@ def test_mix_kernels_equal_the_array_code(dtype, qscheme):
         np.testing.assert_array_equal(got[3].numpy(), errors.numpy(), err_msg=what)  # (NaN == NaN here)
         np.testing.assert_array_equal(got[2].numpy(), choice.numpy(), err_msg=what)
         for out, k in ((got[0], lo_k), (got[1], hi_k)):
-            np.testing.assert_array_equal(out.numpy(), torch.gather(k, -1, choice[..., None])[..., 0].numpy(), err_msg=what)
+            picked = torch.gather(k, -1, choice[..., None])[..., 0]
+            np.testing.assert_array_equal(out.numpy(), picked.numpy(), err_msg=what)
 
 
 def test_tree_sum_adds_adjacent_pairs_level_by_level():

@@ -60,6 +60,7 @@ def test_percentile_forward_launches_at_most_12(kwargs):
 #: Per-channel batches of the MSE and Mix counts: 8 channels (the Triton interpreter runs the candidates' level
 #: sums of every channel; (64, 512) has 512, minutes on the CPU). The launches do not depend on the channel count.
 SMALL_CHANNELS = batches_of((64, 8))
+MSE_KERNELS = ("_mse_prepare_kernel", "_mse_errors_kernel", "_mse_pick_kernel")
 
 
 @pytest.mark.parametrize("kwargs", [{}, PER_CHANNEL], ids=["per_tensor", "per_channel"])
@@ -67,7 +68,7 @@ def test_mse_forward_launches_at_most_12_and_never_syncs(kwargs):
     counted = count(("MSEObserver", kwargs), SMALL_CHANNELS if kwargs else BATCHES)
     assert counted.launches <= 12, counted
     assert counted.syncs == 0, counted
-    assert all(counted.triton[k] == 1 for k in ("_mse_prepare_kernel", "_mse_errors_kernel", "_mse_pick_kernel")), counted
+    assert all(counted.triton[k] == 1 for k in MSE_KERNELS), counted
 
 
 @pytest.mark.parametrize("name", MINMAX)
