@@ -242,7 +242,8 @@ def _kernel_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any
     """:func:`search_amax` on the torch CUDA path in Triton kernels (the array code's result, bit for bit):
     the percentile in one kernel, the MSE search in three; ``None`` where they do not apply (other paths,
     a percentile or MSE divisor that float32 parts cannot carry exactly, more MSE levels than bins)."""
-    if method not in ("percentile", "mse") or not triton_route(hist.counts, xp=xp) or hist.lo.dtype != xp.float32:
+    if (method not in ("percentile", "mse") or hist.counts.dtype != xp.int64 or hist.lo.dtype != xp.float32
+            or not triton_route(hist.counts, xp=xp)):
         return None
     from .. import _triton_kernels
 
