@@ -9,7 +9,10 @@ contraction of ``a * b + c``: launched with ``enable_fp_fusion=False``), so the 
 path's bit for bit (tests/test_device_path_on_cpu.py runs every kernel through Triton's interpreter).
 Integer counts are added with integer atomics (exact, order-free). The re-binned old histogram is a
 float32 scatter-add: in index order under the interpreter (as the host path adds), in any order on a GPU
-(as torch's CUDA ``index_add_`` that it replaces).
+(as torch's CUDA ``index_add_`` that it replaces). The KL search computes in float64 (the array code's
+work dtype; float64 ``/`` is IEEE division), its group sums in NumPy's pairwise order: its curve is the
+NumPy host path's bit for bit under the interpreter; torch's own sum order and logs may differ from it in
+the last bits (docs/gpu-kernels.md).
 
 CPU tensors run through Triton's interpreter, per launch (:func:`launch`), whether or not triton was
 imported with ``TRITON_INTERPRET=1``.
@@ -29,7 +32,8 @@ from triton.language import core as _tl_core  # noqa: F401  (patched for the int
 
 from . import _namespace
 
-__all__ = ["clip_average", "histogram_update", "launch", "moving_average", "percentile_amax", "range_abs_histogram"]
+__all__ = ["clip_average", "histogram_update", "kl_accumulate", "kl_curve", "kl_search_amax", "kl_search_applies",
+           "launch", "mix_pick", "moving_average", "mse_amax", "mse_applies", "percentile_amax", "range_abs_histogram"]
 
 _INF = float("inf")
 _F32_MAX = 3.4028234663852886e38
@@ -512,17 +516,47 @@ def _abs_grid(low, high, binsf):
     a_low = tl.where(low <= high, 0.0, low)
     a_high = tl.maximum(-low, high) + 0.0
     a_low = tl.where(a_low <= a_high, 0.0, a_low)
-    empty = ~(a_low <= a_high)
-    g_low = tl.where(empty, 0.0, tl.maximum(a_low, -1.7014118346046923e38))  # -2**127
-    g_high = tl.where(empty, 0.0, tl.minimum(a_high, 1.7014117331926443e38))  # 2**127 * (1 - 2**-24)
-    need = tl.maximum(tl.div_rn(g_high, binsf) - tl.div_rn(g_low, binsf), 0.0)
+    lo, width = _canonical_grid(a_low, a_high, 0.0, binsf)
+    return a_low, a_high, lo, width
+
+
+@triton.jit
+def _canonical_grid(low, high, min_width, binsf):
+    """``_calibration._grid``: the smallest power-of-two width ``>= min_width``, ``>= max(|low|, |high|) *
+    2**-22`` (at least ``2**-126``) and ``>= high / bins - low / bins`` with ``floor(high / w) - floor(low / w)
+    < bins``, ``lo = floor(low / w) * w``; the bounds clamped into ``[-2**127, 2**127 (1 - 2**-24)]``;
+    ``(0, 0)`` for an empty range."""
+    empty = ~(low <= high)
+    g_low = tl.where(empty, 0.0, tl.minimum(tl.maximum(low, -1.7014118346046923e38), 1.7014117331926443e38))
+    g_high = tl.where(empty, 0.0, tl.minimum(tl.maximum(high, -1.7014118346046923e38), 1.7014117331926443e38))
+    need = tl.maximum(tl.div_rn(g_high, binsf) - tl.div_rn(g_low, binsf), min_width)
     need = tl.maximum(need, tl.maximum(tl.maximum(tl.abs(g_low), tl.abs(g_high)) * 2.384185791015625e-07,
                                        1.1754943508222875e-38))  # * 2**-22, at least 2**-126
     width = _pow2_at_least(need)
     width = tl.where(_floor_div(g_high, width) - _floor_div(g_low, width) >= binsf, width * 2.0, width)
     width = tl.where(_floor_div(g_high, width) - _floor_div(g_low, width) >= binsf, width * 2.0, width)
     lo = _floor_div(g_low, width) * width
-    return a_low, a_high, tl.where(empty, 0.0, lo), tl.where(empty, 0.0, width)
+    return tl.where(empty, 0.0, lo), tl.where(empty, 0.0, width)
+
+
+@triton.jit
+def _count_abs(x_ptr, N, row, rm, p, ITERS, lo, width, binsf, counts_ptr, bins, BLOCK: tl.constexpr):
+    """``|x|`` of program ``p``'s part of the rows ``row`` (``(ROWS, 1)`` blocks, as ``rm`` (row in range),
+    ``lo`` and ``width``; ``ITERS`` blocks each) counted (integer atomics) into bin
+    ``clip(floor(min(|v|, 2**127 (1 - 2**-24)) / width) - lo / width, 0, bins - 1)`` (finite values only)."""
+    safe_w = tl.where(width > 0.0, width, 1.0)
+    start = tl.div_rn(lo, safe_w)
+    r = tl.arange(0, BLOCK)[None, :]
+    for it in range(0, ITERS):
+        offs = (p.to(tl.int64) * ITERS + it) * BLOCK + r
+        m = rm & (offs < N)
+        v = tl.abs(tl.load(x_ptr + row * N + offs, mask=m, other=0.0))
+        finite = _finite(v)
+        capped = tl.minimum(v, 1.7014117331926443e38)  # the grid's range cap (_calibration._range_caps)
+        index = _floor_div(tl.where(finite, capped, 0.0), safe_w) - start
+        index = tl.minimum(tl.maximum(index, 0.0), binsf - 1.0).to(tl.int64)
+        tl.atomic_add(counts_ptr + row * bins + index, tl.full([1, BLOCK], 1, tl.int64), mask=m & finite,
+                      sem="relaxed")
 
 
 @triton.jit
@@ -552,23 +586,14 @@ def _rows_range_kernel(x_ptr, N, part_ptr, counts_ptr, bins, R, ITERS, HITERS, B
 def _abs_histogram_kernel(x_ptr, N, part_ptr, counts_ptr, bins, binsf, R, ITERS, lo_out, hi_out, grid_out,
                           PBLOCK: tl.constexpr, BLOCK: tl.constexpr):
     """Program ``(row, p)``: the row's range and grid from the partials, then ``|x|`` of its part of the row
-    counted (integer atomics) into bin ``clip(floor(|v| / width) - lo / width, 0, bins - 1)``; program
-    ``(row, 0)`` writes the row's range and the histogram's ``lo, width, min_val, max_val``."""
+    counted (``_count_abs``); program ``(row, 0)`` writes the row's range and the histogram's ``lo, width,
+    min_val, max_val``."""
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     low, high = _row_range(part_ptr, row, R, PBLOCK)
     a_low, a_high, lo, width = _abs_grid(low, high, binsf)
-    safe_w = tl.where(width > 0.0, width, 1.0)
-    start = tl.div_rn(lo, safe_w)
-    r = tl.arange(0, BLOCK)
-    for it in range(0, ITERS):
-        offs = (p.to(tl.int64) * ITERS + it) * BLOCK + r
-        m = offs < N
-        v = tl.abs(tl.load(x_ptr + row * N + offs, mask=m, other=0.0))
-        finite = _finite(v)
-        index = _floor_div(tl.where(finite, v, 0.0), safe_w) - start
-        index = tl.minimum(tl.maximum(index, 0.0), binsf - 1.0).to(tl.int64)
-        tl.atomic_add(counts_ptr + row * bins + index, tl.full([BLOCK], 1, tl.int64), mask=m & finite, sem="relaxed")
+    rows = row + tl.zeros([1, 1], tl.int64)
+    _count_abs(x_ptr, N, rows, rows >= 0, p, ITERS, lo, width, binsf, counts_ptr, bins, BLOCK)
     if p == 0:
         tl.store(lo_out + row, low)
         tl.store(hi_out + row, high)
@@ -579,12 +604,17 @@ def _abs_histogram_kernel(x_ptr, N, part_ptr, counts_ptr, bins, binsf, R, ITERS,
         tl.store(grid_out + 3 * channels + row, a_high)
 
 
+def _channel_rows(x: torch.Tensor, axis: int | None) -> torch.Tensor:
+    """``x`` as contiguous rows: one (per tensor) or one per channel along the normalised ``axis``."""
+    rows = x.reshape(1, -1) if axis is None else torch.movedim(x, axis, 0).reshape(x.shape[axis], -1)
+    return rows.contiguous()
+
+
 def range_abs_histogram(x: torch.Tensor, axis: int | None, bins: int) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     """``families.calibration``'s ``observed_range`` and ``abs_histogram`` of a non-empty float32 ``x`` (per
     tensor, or per channel along the normalised ``axis``) in two kernels: ``(lo, hi, (counts, lo, width,
     min_val, max_val))`` as new tensors (int64 counts)."""
-    rows = x.reshape(1, -1) if axis is None else torch.movedim(x, axis, 0).reshape(x.shape[axis], -1)
-    rows = rows.contiguous()
+    rows = _channel_rows(x, axis)
     channels, n = rows.shape
     block = _block(rows)
     per_row = max(1, min(triton.cdiv(n, block), max(1, _MAX_PROGRAMS // channels)))
@@ -639,6 +669,329 @@ def percentile_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor,
     launch(_percentile_kernel, (rows.shape[0],), rows, lo.reshape(-1).contiguous(), width.reshape(-1).contiguous(),
            *float32_parts(keep), bins, amax, BLOCK=min(triton.next_power_of_2(bins), 4096))
     return amax
+
+
+# ======================================================================================================
+# KL (KLObserver.forward; MixObserver's KL candidate): the KL search over a histogram of |x|, and the
+# accumulator's update (the batch's range and |x| counted, the old counts re-binned onto the new grid)
+# ======================================================================================================
+
+
+@triton.jit
+def _kl_prefix_kernel(counts_ptr, channels, bins, prefix_ptr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Programs of ``ROWS`` rows: the prefix sums (``bins + 1`` each, a leading 0) of each row's counts with
+    the first bin flattened (``b_0 = b_1``), float64: of the counts, of the non-empty bins (both exact,
+    int64), and of ``b log b`` (``0 log 0 = 0``), added in index order (each chunk's scan starts from the
+    carry; the interpreter's scan is sequential, a GPU's a tree)."""
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]
+    rm = row < channels
+    r = tl.arange(0, BLOCK)[None, :]
+    src = counts_ptr + row * bins
+    cs_out = prefix_ptr + row * 3 * (bins + 1)
+    nz_out = cs_out + (bins + 1)
+    px_out = nz_out + (bins + 1)
+    zero = tl.zeros([ROWS, 1], tl.float64)
+    tl.store(cs_out, zero, mask=rm)
+    tl.store(nz_out, zero, mask=rm)
+    tl.store(px_out, zero, mask=rm)
+    second = tl.load(src + 1, mask=rm, other=0)
+    cs_carry = tl.zeros([ROWS, 1], tl.int64)
+    nz_carry = tl.zeros([ROWS, 1], tl.int64)
+    px_carry = tl.zeros([ROWS, 1], tl.float64)
+    for start in range(0, bins, BLOCK):
+        j = start + r
+        m = rm & (j < bins)
+        c = tl.load(src + j, mask=m, other=0)
+        c = tl.where(j == 0, second, c)
+        cs = tl.cumsum(c, axis=1) + cs_carry
+        nz = tl.cumsum((c > 0).to(tl.int64), axis=1) + nz_carry
+        b = c.to(tl.float64)
+        xlogx = tl.where(c > 0, b * tl.log(tl.where(c > 0, b, 1.0)), 0.0)
+        px = tl.cumsum(tl.where(r == 0, px_carry + xlogx, xlogx), axis=1)
+        tl.store(cs_out + 1 + j, cs.to(tl.float64), mask=m)
+        tl.store(nz_out + 1 + j, nz.to(tl.float64), mask=m)
+        tl.store(px_out + 1 + j, px, mask=m)
+        last = r == tl.minimum(bins - start, BLOCK) - 1
+        cs_carry = tl.sum(tl.where(last, cs, 0), axis=1)[:, None]
+        nz_carry = tl.sum(tl.where(last, nz, 0), axis=1)[:, None]
+        px_carry = tl.sum(tl.where(last, px, 0.0), axis=1)[:, None]  # (one term: exact)
+
+
+@triton.jit
+def _kl_group_terms(cs_ptr, nz_ptr, i, g, levels, inside):
+    """``G log(G / n)`` of the groups ``g`` of the candidates ``i`` (blocks that broadcast), whose bins are
+    ``[ceil(g i / L), ceil((g + 1) i / L))``, ``G`` their count over ``n`` non-empty bins (from the prefix
+    sums): ``log_q = log max(G, tiny) - log max(n, 1)`` (an empty group's term is ``0 * finite``)."""
+    first = (g * i + levels - 1) // levels
+    end = ((g + 1) * i + levels - 1) // levels
+    count = tl.load(cs_ptr + end, mask=inside, other=0.0) - tl.load(cs_ptr + first, mask=inside, other=0.0)
+    nonzero = tl.load(nz_ptr + end, mask=inside, other=0.0) - tl.load(nz_ptr + first, mask=inside, other=0.0)
+    log_q = tl.log(tl.maximum(count, 2.2250738585072014e-308)) - tl.log(tl.maximum(nonzero, 1.0))
+    return count * log_q, log_q
+
+
+@triton.jit
+def _kl_leaf_sum(cs_ptr, nz_ptr, i, km, levels, start, size, KBLOCK: tl.constexpr):
+    """NumPy's ``pairwise_sum`` of the terms of the groups ``start .. start + size - 1`` (``size <= 128``) of
+    each candidate: below 8 one by one from 0, else eight running sums (lane ``j`` takes the terms
+    ``j, j + 8, ...``) combined as ``((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))``, then the rest one
+    by one (``_compiled._pairwise_block``). Sums of two terms are exact in either order."""
+    res = tl.zeros([KBLOCK], tl.float64)
+    stop = size - size % 8
+    if size >= 8:
+        lane = tl.arange(0, 8).to(tl.int64)
+        r = tl.zeros([KBLOCK, 8], tl.float64)
+        for q in range(0, stop, 8):
+            t, _ = _kl_group_terms(cs_ptr[:, None], nz_ptr[:, None], i[:, None], (start + q + lane)[None, :], levels,
+                                   km[:, None])
+            r = tl.where(q == 0, t, r + t)
+        pairs = tl.sum(tl.reshape(r, [KBLOCK, 4, 2]), axis=2)
+        quads = tl.sum(tl.reshape(pairs, [KBLOCK, 2, 2]), axis=2)
+        res = tl.sum(quads, axis=1)
+    else:
+        stop = 0
+    for g in range(start + stop, start + size):
+        t, _ = _kl_group_terms(cs_ptr, nz_ptr, i, g + i * 0, levels, km)
+        res += t
+    return res
+
+
+@triton.jit
+def _kl_curve_kernel(prefix_ptr, channels, bins, levels, leaf, K, kl_ptr, LEAVES: tl.constexpr, TREE: tl.constexpr,
+                     KBLOCK: tl.constexpr):
+    """Program ``p``: ``_calibration._kl_strict`` of ``KBLOCK`` (row, candidate) pairs (``p * KBLOCK + lane``
+    over ``channels * K``), candidate ``i = levels + k`` (``start_bin = levels``, stride 1), from the row's
+    prefix sums (``_kl_prefix_kernel``), float64, each operation the array code's in its order:
+    ``KL = (sum_{j<l} b log b + (b_l + t) log(b_l + t) - sum_g G log(G / n) - [b_l > 0] t log(G_l / n_l)) / T
+    - log T + log C`` (kept ``C``, tail ``t = T - C``, last kept bin ``l = i - 1`` in group
+    ``floor(l L / i)``), ``+inf`` where invalid. The sum over the ``L`` groups is NumPy's pairwise sum (the
+    host path's): one block (``L <= 128``), or ``LEAVES = 2**TREE`` blocks of ``leaf = 128`` added as a
+    perfect binary tree (``L`` a power of two)."""
+    flat = tl.program_id(0).to(tl.int64) * KBLOCK + tl.arange(0, KBLOCK)
+    km = flat < channels * K
+    row = tl.where(km, flat // K, 0)
+    k = flat % K
+    i = tl.where(km, levels + k, bins)
+    cs_ptr = prefix_ptr + row * 3 * (bins + 1)
+    nz_ptr = cs_ptr + (bins + 1)
+    px_ptr = nz_ptr + (bins + 1)
+    total = tl.load(cs_ptr + bins + i * 0)  # (a block: 0-d and block booleans do not mix in the interpreter)
+    kept = tl.load(cs_ptr + i)
+    b_last = kept - tl.load(cs_ptr + i - 1)
+    tail = total - kept
+    if LEAVES == 1:
+        sum_glog = _kl_leaf_sum(cs_ptr, nz_ptr, i, km, levels, 0, leaf, KBLOCK)
+    else:
+        column = tl.arange(0, LEAVES)[None, :]
+        sums = tl.zeros([KBLOCK, LEAVES], tl.float64)
+        for f in tl.static_range(LEAVES):
+            part = _kl_leaf_sum(cs_ptr, nz_ptr, i, km, levels, f * leaf, leaf, KBLOCK)
+            sums = tl.where(column == f, part[:, None], sums)
+        for step in tl.static_range(TREE):  # adjacent pairs, level by level
+            sums = tl.sum(tl.reshape(sums, [KBLOCK, LEAVES >> (step + 1), 2]), axis=2)
+        sum_glog = tl.reshape(sums, [KBLOCK])
+    _, last_log_q = _kl_group_terms(cs_ptr, nz_ptr, i, ((i - 1) * levels) // i, levels, km)
+    end_mass = b_last + tail
+    p_log_p = tl.load(px_ptr + i - 1) + tl.where(end_mass > 0, end_mass * tl.log(tl.where(end_mass > 0, end_mass, 1.0)),
+                                                  0.0)
+    p_log_q = sum_glog + tl.where(b_last > 0, tail * last_log_q, 0.0)
+    safe_total = tl.where(total > 0, total, 1.0)
+    kl = (p_log_p - p_log_q) / safe_total - tl.log(safe_total) + tl.log(tl.where(kept > 0, kept, 1.0))
+    invalid = (total <= 0) | (kept <= 0) | ((b_last <= 0) & (tail > 0))
+    kl = tl.where(invalid, float("inf"), tl.maximum(kl, 0.0, propagate_nan=tl.PropagateNan.ALL))
+    tl.store(kl_ptr + flat, kl, mask=km)
+
+
+@triton.jit
+def _kl_pick_kernel(kl_ptr, channels, K, levels, lo_ptr, width_ptr, amax_out, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """Programs of ``ROWS`` rows: ``_calibration._pick(ties="last")`` with the float64 tie tolerance ``2**-40``:
+    the largest candidate within ``2**-40`` of the least divergence (the last one where none is, as for a NaN
+    minimum), and its threshold, the edge ``(lo / width + i) * width`` (float32)."""
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    rm = row < channels
+    r = tl.arange(0, BLOCK)[None, :]
+    src = kl_ptr + row[:, None] * K
+    best = tl.full([ROWS, BLOCK], float("inf"), tl.float64)
+    for start in range(0, K, BLOCK):
+        m = rm[:, None] & (start + r < K)
+        best = tl.minimum(best, tl.load(src + start + r, mask=m, other=float("inf")), propagate_nan=tl.PropagateNan.ALL)
+    limit = tl.min(best, axis=1)[:, None] + 9.094947017729282e-13  # + 2**-40
+    last = tl.full([ROWS], -1, tl.int32)
+    for start in range(0, K, BLOCK):
+        m = rm[:, None] & (start + r < K)
+        v = tl.load(src + start + r, mask=m, other=float("inf"))
+        last = tl.maximum(last, tl.max(tl.where(m & (v <= limit), start + r, -1), axis=1))
+    pick = tl.where(last < 0, K - 1, last)
+    width = tl.load(width_ptr + row, mask=rm, other=0.0)
+    start_edge = tl.div_rn(tl.load(lo_ptr + row, mask=rm, other=0.0), tl.where(width > 0.0, width, 1.0))
+    tl.store(amax_out + row, (start_edge + (levels + pick).to(tl.float32)) * width, mask=rm)
+
+
+def kl_search_applies(levels: int) -> bool:
+    """Whether :func:`kl_search_amax` sums the ``levels`` group terms in NumPy's pairwise order: ``levels <= 128``
+    (one block) or a power of two (blocks of 128 in a perfect tree); other counts run the array code."""
+    return levels <= 128 or levels & (levels - 1) == 0
+
+
+def kl_curve(counts: torch.Tensor, levels: int) -> torch.Tensor:
+    """``_calibration.kl_divergences(...).objective`` (``num_levels=levels``, the defaults otherwise) of int64
+    counts ``(C, bins)`` (below ``2**53``): the float64 divergence of every candidate ``i = levels .. bins``,
+    ``(C, bins - levels + 1)``, in two kernels (the prefix sums, the divergences). Each float64 operation is
+    the array code's, the group sums in NumPy's pairwise order: the NumPy host path's curve, bit for bit,
+    through the interpreter (whose logs are NumPy's)."""
+    bins = counts.shape[-1]
+    if counts.dtype != torch.int64 or counts.ndim != 2 or not 1 <= levels <= bins or not kl_search_applies(levels):
+        raise ValueError(f"kl_curve needs int64 counts (C, bins) and 1 <= levels <= bins, levels <= 128 or a power "
+                         f"of two, got {counts.dtype} {tuple(counts.shape)}, levels={levels}")
+    rows = counts.contiguous()
+    channels = rows.shape[0]
+    candidates = bins - levels + 1
+    prefix = torch.empty((channels, 3, bins + 1), dtype=torch.float64, device=counts.device)
+    kl = torch.empty((channels, candidates), dtype=torch.float64, device=counts.device)
+    on_cpu = counts.device.type == "cpu"  # the interpreter: few, large programs; a GPU: small blocks
+    rows_per = _kl_rows_per_program(channels, on_cpu)
+    kblock = min(triton.next_power_of_2(channels * candidates), 8192 if on_cpu else 64)
+    leaf = min(levels, 128)
+    launch(_kl_prefix_kernel, (triton.cdiv(channels, rows_per),), rows, channels, bins, prefix, ROWS=rows_per,
+           BLOCK=min(triton.next_power_of_2(bins), (1 << 14) // rows_per if on_cpu else 1024))
+    launch(_kl_curve_kernel, (triton.cdiv(channels * candidates, kblock),), prefix, channels, bins, levels, leaf,
+           candidates, kl, LEAVES=levels // leaf, TREE=(levels // leaf).bit_length() - 1, KBLOCK=kblock)
+    return kl
+
+
+def _kl_rows_per_program(channels: int, on_cpu: bool) -> int:
+    return max(1, min(triton.next_power_of_2(channels), 64 if on_cpu else 1))
+
+
+def kl_search_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor, levels: int) -> torch.Tensor:
+    """``families.calibration.search_amax("kl", ...)`` (``_calibration.kl_threshold`` with ``num_levels=levels``,
+    the defaults otherwise: ``start_bin = levels``, stride 1, no smoothing, the first bin flattened, ties to
+    the last within ``2**-40``) of a histogram of ``|x|``: int64 counts ``(..., bins)`` (below ``2**53``),
+    float32 grid ``lo``/``width`` ``(...)``. The amax per row on the device (float32), three kernels and no
+    host read: :func:`kl_curve`, then the pick."""
+    bins = counts.shape[-1]
+    kl = kl_curve(counts.reshape(-1, bins), levels)
+    channels, candidates = kl.shape
+    amax = torch.empty(tuple(lo.shape), dtype=torch.float32, device=counts.device)
+    on_cpu = counts.device.type == "cpu"
+    rows_per = _kl_rows_per_program(channels, on_cpu)
+    launch(_kl_pick_kernel, (triton.cdiv(channels, rows_per),), kl, channels, candidates, levels,
+           lo.reshape(-1).contiguous(), width.reshape(-1).contiguous(), amax, ROWS=rows_per,
+           BLOCK=min(triton.next_power_of_2(candidates), (1 << 14) // rows_per if on_cpu else 1024))
+    return amax
+
+
+@triton.jit
+def _rebin_first(m, new_start, new_width, old_start, old_scaled_w, s, binsf):
+    """``_calibration._rebin``'s first old bin of new bin ``m`` (int64 block): ``clip(e_m / w - lo / w, 0, bins)``
+    with the new left edge ``e_m = (new_lo / new_w + m) * new_w`` (float32, inf beyond the range), ``e_m / w``
+    as ``(e_m s) / (w s)`` (``s = 2**-64`` where ``w >= 2**64``), 0 for ``m = 0`` and ``bins`` for
+    ``m = bins``; truncated to an integer as the array code's index cast."""
+    mf = m.to(tl.float32)
+    edge = (new_start + mf) * new_width
+    first = tl.div_rn(edge * s, old_scaled_w) - old_start
+    first = tl.minimum(tl.maximum(first, 0.0), binsf)
+    first = tl.where(mf == 0.0, 0.0, tl.where(mf == binsf, binsf, first))
+    return first.to(tl.int64)
+
+
+@triton.jit
+def _kl_accumulate_kernel(x_ptr, N, part_ptr, old_counts, old_lo, old_width, old_min, old_max, seen_min, seen_max,
+                          counts_ptr, channels, bins, binsf, R, ITERS, RITERS, out_ptr, ROWS: tl.constexpr,
+                          PBLOCK: tl.constexpr, BLOCK: tl.constexpr, RBLOCK: tl.constexpr, NSTEPS: tl.constexpr):
+    """Program ``(rows, p)`` of ``families.calibration.kl_accumulate`` (no collective, float32 ``x``), ``ROWS``
+    rows at once: each row's finite range from the partials (``_rows_range_kernel``), the histogram's range
+    joined with that of ``|x|`` and its canonical grid (``_calibration._combine``: width at least the old
+    one); then ``|x|`` of its part of each row counted, and its part of the old bins re-binned onto the new
+    grid (``_rebin``: old bin ``j`` goes to the new bin ``m`` with ``first_m <= j < first_{m+1}``, found by
+    binary search over ``first``, skipped where every row keeps its grid with finite edges, where
+    ``first_m = m``; integer atomics, exact). Programs ``(rows, 0)`` write the new ``lo, width, min_val,
+    max_val`` and the running finite range ``(minimum(low, seen_min), maximum(high, seen_max))``."""
+    row = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]  # (ROWS, 1)
+    rm = row < channels
+    p = tl.program_id(1)
+    q = tl.arange(0, PBLOCK)[None, :]
+    qm = rm & (q < R)
+    low = tl.min(tl.load(part_ptr + 2 * (row * R + q), mask=qm, other=float("inf")), axis=1)[:, None]
+    high = tl.max(tl.load(part_ptr + 2 * (row * R + q) + 1, mask=qm, other=-float("inf")), axis=1)[:, None]
+    a_low = tl.where(low <= high, 0.0, low)  # _histogram_update's range of |x| from the signed one
+    a_high = tl.maximum(-low, high) + 0.0
+    a_low = tl.where(a_low <= a_high, 0.0, a_low)
+    o_lo = tl.load(old_lo + row, mask=rm, other=0.0)
+    o_width = tl.load(old_width + row, mask=rm, other=0.0)
+    min_val = tl.minimum(tl.load(old_min + row, mask=rm, other=0.0), a_low)
+    max_val = tl.maximum(tl.load(old_max + row, mask=rm, other=0.0), a_high)
+    lo, width = _canonical_grid(min_val, max_val, tl.maximum(o_width, 0.0), binsf)
+    _count_abs(x_ptr, N, row, rm, p, ITERS, lo, width, binsf, counts_ptr, bins, BLOCK)
+    filled = o_width > 0.0  # (an old grid of width 0 holds nothing)
+    safe_w = tl.where(filled, o_width, 1.0)
+    new_start = tl.div_rn(lo, tl.where(width > 0.0, width, 1.0))
+    old_start = tl.div_rn(o_lo, safe_w)
+    s = tl.where(safe_w >= 1.8446744073709552e19, 5.421010862427522e-20, 1.0)  # 2**64, 2**-64
+    old_scaled_w = safe_w * s
+    # every row on the same grid with every edge finite: first_m = m exactly, every bin stays
+    same = ~rm | ((lo == o_lo) & (width == o_width) & _finite((new_start + binsf) * width))
+    kept = tl.min(same.to(tl.int32), axis=1)
+    all_same = tl.min(kept, axis=0) == 1
+    r = tl.arange(0, RBLOCK)[None, :]
+    for it in range(0, RITERS):
+        j = (p.to(tl.int64) * RITERS + it) * RBLOCK + r
+        m = rm & filled & (j < bins)
+        c = tl.load(old_counts + row * bins + j, mask=m, other=0)
+        new_bin = j
+        if not all_same:
+            below = tl.zeros([ROWS, RBLOCK], tl.int64)  # #{m' in [0, bins]: first_m' <= j}
+            above = tl.zeros([ROWS, RBLOCK], tl.int64) + bins + 1
+            for _ in tl.static_range(NSTEPS):
+                active = below < above
+                k = (below + above) // 2
+                le = _rebin_first(k, new_start, width, old_start, old_scaled_w, s, binsf) <= j
+                below = tl.where(active & le, k + 1, below)
+                above = tl.where(active & ~le, k, above)
+            new_bin = tl.minimum(tl.maximum(below - 1, 0), bins - 1)
+        tl.atomic_add(counts_ptr + row * bins + new_bin, c, mask=m & (c != 0), sem="relaxed")
+    if p == 0:
+        tl.store(out_ptr + row, lo, mask=rm)
+        tl.store(out_ptr + channels + row, width, mask=rm)
+        tl.store(out_ptr + 2 * channels + row, min_val, mask=rm)
+        tl.store(out_ptr + 3 * channels + row, max_val, mask=rm)
+        tl.store(out_ptr + 4 * channels + row, tl.minimum(low, tl.load(seen_min + row, mask=rm, other=0.0)), mask=rm)
+        tl.store(out_ptr + 5 * channels + row, tl.maximum(high, tl.load(seen_max + row, mask=rm, other=0.0)), mask=rm)
+
+
+def kl_accumulate(hist: tuple, seen: tuple, x: torch.Tensor, axis: int | None) -> tuple[tuple, tuple]:
+    """``families.calibration.kl_accumulate`` (no collective) of a non-empty float32 ``x`` (per tensor, or per
+    channel along the normalised ``axis``) into the accumulator ``(hist, seen)`` (``CalibHistogram`` fields:
+    int64 counts ``(..., bins)``, float32 ``lo, width, min_val, max_val``; ``seen``: float32 ``(min, max)``) in
+    two kernels: ``(counts, lo, width, min_val, max_val), (seen_min, seen_max)`` as new tensors."""
+    old_counts = hist[0]
+    bins = old_counts.shape[-1]
+    rows = _channel_rows(x, axis)
+    channels, n = rows.shape
+    if rows.device.type == "cpu":  # the interpreter runs programs one after another: rows at once, whole rows
+        block = rblock = min(triton.next_power_of_2(max(n, bins)), _CPU_BLOCK)
+        rows_per = max(1, min(triton.next_power_of_2(channels), (4 * _CPU_BLOCK) // block))
+        per_row = 1
+    else:
+        block, rows_per = _GPU_BLOCK, 1
+        per_row = max(1, min(max(triton.cdiv(n, block), triton.cdiv(bins, block)), max(1, _MAX_PROGRAMS // channels)))
+        rblock = min(block, triton.next_power_of_2(triton.cdiv(bins, per_row)))
+    iters = triton.cdiv(triton.cdiv(n, per_row), block)
+    hiters = triton.cdiv(triton.cdiv(bins, per_row), block)
+    riters = triton.cdiv(triton.cdiv(bins, per_row), rblock)
+    device = x.device
+    parts = torch.empty(2 * channels * per_row, dtype=torch.float32, device=device)
+    counts = torch.empty((channels, bins), dtype=torch.int64, device=device)
+    out = torch.empty((6, channels), dtype=torch.float32, device=device)  # lo, width, min, max, seen min, max
+    state = [a.reshape(-1).contiguous() for a in (*hist[1:], *seen)]  # lo, width, min_val, max_val, seen min, max
+    launch(_rows_range_kernel, (channels, per_row), rows, n, parts, counts, bins, per_row, iters, hiters, BLOCK=block)
+    launch(_kl_accumulate_kernel, (triton.cdiv(channels, rows_per), per_row), rows, n, parts,
+           old_counts.reshape(channels, bins).contiguous(), *state, counts, channels, bins, float(bins), per_row, iters,
+           riters, out, ROWS=rows_per, PBLOCK=triton.next_power_of_2(per_row), BLOCK=block, RBLOCK=rblock,
+           NSTEPS=max(1, math.ceil(math.log2(bins + 2))))
+    lead = () if axis is None else (channels,)
+    new_hist = (counts.reshape(lead + (bins,)),) + tuple(out[k].reshape(lead) for k in range(4))
+    return new_hist, (out[4].reshape(lead), out[5].reshape(lead))
 
 
 # ======================================================================================================
@@ -1003,8 +1356,7 @@ def mix_pick(x: torch.Tensor, axis: int | None, lo: torch.Tensor, hi: torch.Tens
     one pass over ``x`` and the pick in a second kernel. ``mode``: 0 symmetric, 1 affine, 2 float qparams;
     ``divisor``: the qparams' ``Q_max - Q_min`` (halved when symmetric). ``(lo, hi, choice, errors)`` as new tensors
     (``errors``: the candidates' ``E_k``, float64, shape ``lo.shape + (4,)``)."""
-    rows = x.reshape(1, -1) if axis is None else torch.movedim(x, axis, 0).reshape(x.shape[axis], -1)
-    rows = rows.contiguous()
+    rows = _channel_rows(x, axis)
     channels, n = rows.shape
     cap = 4096  # blocks per row (the pick adds them in one program)
     block = max(16, min(triton.next_power_of_2(n), _block(rows)), triton.next_power_of_2(triton.cdiv(n, cap)))

@@ -9,10 +9,15 @@ single-valued state (also at float32's maximum) and its move onto a wider range 
 growing and unchanged ranges, +/-inf, NaN, integer and float16 batches, and ranges near float32's limit;
 a hypothesis test then draws random sequences of the adversarial batch kinds
 (``OBSERVERS_CORE_FUZZ_EXAMPLES=N``: N random examples per observer instead of the 10 fixed ones).
+For the configurations in ``ARRAY_CODE_TOO`` both tests also run the torch CUDA path without the Triton
+kernels (``OBSERVERS_CORE_NO_TRITON=1``: the array code) and require its state too. The KL, MSE and Mix
+kernels are also checked alone: the KL curve equals the NumPy host path's bit for bit, the MSE threshold
+and Mix's candidate errors, choice and range the torch CUDA array code's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -30,6 +35,27 @@ from _adversarial_strategies import KINDS, make_batch  # noqa: E402
 from _torch_observer_configs import CONFIGS, config_id  # noqa: E402
 
 _FUZZ_EXAMPLES = int(os.environ.get("OBSERVERS_CORE_FUZZ_EXAMPLES", "0") or 0)
+#: configurations (``config_id``) whose device path is also run as the array code (OBSERVERS_CORE_NO_TRITON=1)
+#: and compared; MSE and Mix per channel only in their (slow) adversarial runs (``_SLOW_ADVERSARIAL``)
+ARRAY_CODE_TOO = ("KLObserver", "KLObserver-per_channel", "MSEObserver", "MixObserver")
+
+
+@contextlib.contextmanager
+def array_code():
+    """The torch CUDA path without the Triton kernels (``OBSERVERS_CORE_NO_TRITON=1``: the array code)."""
+    from observers_core import _namespace
+
+    old = os.environ.get("OBSERVERS_CORE_NO_TRITON")
+    os.environ["OBSERVERS_CORE_NO_TRITON"] = "1"
+    _namespace._triton_available.cache_clear()
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["OBSERVERS_CORE_NO_TRITON"]
+        else:
+            os.environ["OBSERVERS_CORE_NO_TRITON"] = old
+        _namespace._triton_available.cache_clear()
 
 
 def sequences() -> dict[str, list[torch.Tensor]]:
@@ -59,19 +85,28 @@ def run(name: str, kwargs: dict, batches: list) -> dict[str, np.ndarray] | str:
     return {key: value.detach().numpy().copy() for key, value in obs.state_dict().items()}
 
 
-def assert_paths_agree(config, batches, kwargs, what: str) -> None:
+def assert_paths_agree(config, batches, kwargs, what: str, array_too: bool = False) -> None:
     name = config[0]
+    array_too = array_too or config_id(config) in ARRAY_CODE_TOO
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         host = run(name, kwargs, batches)
         with cuda_path_on_cpu():
             device = run(name, kwargs, batches)
-    if isinstance(host, str) or isinstance(device, str):
-        assert host == device, f"{config_id(config)} {what}: host {host!r}, device {device!r}"
+            if array_too:
+                with array_code():
+                    array = run(name, kwargs, batches)
+                assert_same_state(array, device, f"{config_id(config)} {what}: array code, kernels")
+    assert_same_state(host, device, f"{config_id(config)} {what}: host, device")
+
+
+def assert_same_state(a, b, what: str) -> None:
+    if isinstance(a, str) or isinstance(b, str):
+        assert a == b, f"{what}: {a!r}, {b!r}"
         return
-    assert host.keys() == device.keys()
-    for key in host:
-        np.testing.assert_array_equal(device[key], host[key], err_msg=f"{config_id(config)} {what}: {key}")
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_array_equal(b[key], a[key], err_msg=f"{what}: {key}")
 
 
 @pytest.mark.parametrize("sequence", list(sequences()))
@@ -100,7 +135,7 @@ def test_device_path_equals_host_path_on_adversarial_batches(config, data):
                                          st.sampled_from(["float32", "float32", "float64", "float16", "int8"])),
                                min_size=3, max_size=5), label="batches")
     batches = [torch.from_numpy(make_batch(kind, seed, (4, 32), dtype, ch_axis=1)) for kind, seed, dtype in steps]
-    assert_paths_agree(config, batches, config[1], str(steps))
+    assert_paths_agree(config, batches, config[1], str(steps), array_too=config_id(config) in _SLOW_ADVERSARIAL)
 
 
 def test_cuda_path_on_cpu_switches_the_one_predicate_and_restores_it():
@@ -262,3 +297,77 @@ def test_calibration_search_kernels_compile_for_a_gpu(mode):
         compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=constexprs),
                                   target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
         assert "cubin" in compiled.asm and compiled.asm["ptx"], kernel
+
+
+def kl_histograms(bins: int) -> np.ndarray:
+    """Rows of int64 counts that exercise the KL search: decaying (the usual), sparse, a single bin, a spike
+    at 0 (flattened away), all zero (every candidate +inf: the last one), constant (exact ties), huge counts."""
+    rng = np.random.default_rng(bins)
+    j = np.arange(bins)
+    rows = [rng.poisson(np.exp(-j / (bins / 8)) * 1000), rng.poisson(50, bins) * (rng.random(bins) < 0.1),
+            np.where(j == bins // 3, 7, 0), np.where(j == 0, 10**6, rng.poisson(3, bins)), np.zeros(bins),
+            np.full(bins, 4), rng.integers(0, 2**40, bins)]
+    return np.stack(rows).astype(np.int64)
+
+
+@pytest.mark.parametrize("bins, levels", [(512, 128), (512, 256), (300, 9), (40, 17), (1100, 1024), (8, 3)])
+def test_kl_kernels_give_the_numpy_curve_and_threshold(bins, levels):
+    """``kl_curve`` equals the NumPy host path's ``kl_divergences`` bit for bit (NumPy's pairwise group sums;
+    the interpreter's logs are NumPy's), and ``kl_search_amax`` its ``kl_threshold`` on each row's grid."""
+    pytest.importorskip("triton")
+    from observers_core import _triton_kernels as tk
+    from observers_core import kl_divergences, kl_threshold
+
+    counts = kl_histograms(bins)
+    width = np.float32(2.0) ** np.arange(-3, counts.shape[0] - 3, dtype=np.float32)
+    width[4] = 0.0  # an empty grid
+    lo = np.zeros_like(width)
+    start = lo[:, None] / np.where(width > 0, width, 1)[:, None]
+    edges = (start + np.arange(bins + 1, dtype=np.float32)) * width[:, None]
+    curve = kl_divergences(counts, edges, num_levels=levels, check=False).objective
+    threshold = kl_threshold(counts, edges, num_levels=levels, check=False)
+    with cuda_path_on_cpu():
+        got_curve = tk.kl_curve(torch.from_numpy(counts), levels)
+        got = tk.kl_search_amax(torch.from_numpy(counts), torch.from_numpy(lo), torch.from_numpy(width), levels)
+    np.testing.assert_array_equal(got_curve.numpy(), curve)
+    np.testing.assert_array_equal(got.numpy(), threshold)
+
+
+def test_kl_search_kernel_takes_only_the_levels_it_sums_in_numpy_order():
+    """Other level counts (above 128, not a power of two) run the array code: ``kl_search_amax`` refuses them."""
+    pytest.importorskip("triton")
+    from observers_core import _triton_kernels as tk
+
+    assert tk.kl_search_applies(128) and tk.kl_search_applies(9) and tk.kl_search_applies(1024)
+    assert not tk.kl_search_applies(200)
+    with pytest.raises(ValueError, match="levels"):
+        tk.kl_search_amax(torch.zeros((1, 512), dtype=torch.int64), torch.zeros(1), torch.ones(1), 200)
+
+
+@pytest.mark.parametrize("axis", [None, 1], ids=["per_tensor", "per_channel"])
+def test_kl_accumulator_kernels_equal_the_host_accumulator(axis):
+    """The whole accumulator (the histogram's counts and grid, the running range: not in the state dict) after
+    sequences of every adversarial kind, float32 and float64 (which the kernels take), two at a time so the
+    grid grows, stays (its edges beyond float32's range or not) and re-bins."""
+    import array_api_compat.torch as txp
+
+    from observers_core.families import calibration as family
+
+    def accumulate(batches):
+        acc = family.kl_init(None if axis is None else batches[0].shape[axis], bins=64, device="cpu", xp=txp)
+        for x in batches:
+            acc = family.kl_accumulate(acc, x, axis=axis, xp=txp)
+        return [a.numpy().copy() for a in (*acc.hist, *acc.seen)]
+
+    pairs = [(kind, other) for i, kind in enumerate(KINDS) for other in (kind, KINDS[(i + 1) % len(KINDS)])]
+    for seed, (first, second) in enumerate(pairs):
+        batches = [torch.from_numpy(make_batch(kind, 3 * seed + k, (4, 8), "float64" if k == 2 else "float32",
+                                               ch_axis=1)) * (4.0 ** k)
+                   for k, kind in enumerate((first, second, first))]
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            host = accumulate(batches)
+            with cuda_path_on_cpu():
+                device = accumulate(batches)
+        for name, h, d in zip(("counts", "lo", "width", "min_val", "max_val", "seen_min", "seen_max"), host, device):
+            np.testing.assert_array_equal(d, h, err_msg=f"{first}, {second}, {first}: {name}")

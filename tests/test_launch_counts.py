@@ -3,10 +3,10 @@ the counting of benchmarks/device_path_ops.py (:func:`observers_core.testing.cou
 :func:`observers_core.testing.cuda_path_on_cpu`: aten operations that launch a kernel plus Triton
 launches; views and allocations are not launches; host synchronisations counted apart).
 
-Held here: HistogramObserver.forward <= 8 and no sync; PercentileObserver.forward and MSEObserver.forward
-(per tensor and per channel) <= 12, no sync; every torch.ao MinMax-family class no more than torch.ao's own
-forward. Not yet held (part of the step still runs the array code; docs/gpu-kernels.md lists the counts):
-the KL and Mix forwards and HistogramObserver.calculate_qparams.
+Held here: HistogramObserver.forward <= 8 and no sync; PercentileObserver.forward, KLObserver.forward and
+MSEObserver.forward (per tensor and per channel) <= 12, no sync; MixObserver.forward <= 20, no sync; every
+torch.ao MinMax-family class no more than torch.ao's own forward. Not yet held (docs/gpu-kernels.md lists
+the counts): HistogramObserver.calculate_qparams.
 """
 
 from __future__ import annotations
@@ -57,6 +57,21 @@ def test_percentile_forward_launches_at_most_12(kwargs):
     assert counted.syncs == 0, counted
 
 
+KL_KERNELS = {"_rows_range_kernel", "_kl_accumulate_kernel", "_kl_prefix_kernel", "_kl_curve_kernel",
+              "_kl_pick_kernel", "_clip_average_kernel"}
+
+
+@pytest.mark.parametrize("kwargs", [{}, PER_CHANNEL], ids=["per_tensor", "per_channel"])
+def test_kl_forward_launches_at_most_12_and_never_syncs(kwargs):
+    """The accumulator update, the KL search and the clipped average all run the Triton kernels (the third
+    forward: the accumulator's grid and the KL update both run)."""
+    batches = BATCHES if not kwargs else batches_of((8, 64))  # (fewer channels: the interpreter is slow)
+    counted = count(("KLObserver", kwargs), batches)
+    assert counted.launches <= 12, counted
+    assert counted.syncs == 0, counted
+    assert set(counted.triton) == KL_KERNELS and sum(counted.triton.values()) == len(KL_KERNELS), counted
+
+
 #: Per-channel batches of the MSE and Mix counts: 8 channels (the Triton interpreter runs the candidates' level
 #: sums of every channel; (64, 512) has 512, minutes on the CPU). The launches do not depend on the channel count.
 SMALL_CHANNELS = batches_of((64, 8))
@@ -69,6 +84,21 @@ def test_mse_forward_launches_at_most_12_and_never_syncs(kwargs):
     assert counted.launches <= 12, counted
     assert counted.syncs == 0, counted
     assert all(counted.triton[k] == 1 for k in MSE_KERNELS), counted
+
+
+MIX_KERNELS = {"_rows_range_kernel", "_abs_histogram_kernel", "_percentile_kernel", "_kl_prefix_kernel",
+               "_kl_curve_kernel", "_kl_pick_kernel", *MSE_KERNELS, "_mix_errors_kernel", "_mix_pick_kernel",
+               "_clip_average_kernel"}
+
+
+@pytest.mark.parametrize("kwargs", [{}, PER_CHANNEL], ids=["per_tensor", "per_channel"])
+def test_mix_forward_launches_at_most_20_and_never_syncs(kwargs):
+    """Every candidate's search (percentile, KL, MSE), the candidates' errors and the pick run the Triton
+    kernels, each once."""
+    counted = count(("MixObserver", kwargs), SMALL_CHANNELS if kwargs else BATCHES)
+    assert counted.launches <= 20, counted
+    assert counted.syncs == 0, counted
+    assert set(counted.triton) == MIX_KERNELS and sum(counted.triton.values()) == len(MIX_KERNELS), counted
 
 
 @pytest.mark.parametrize("name", MINMAX)

@@ -225,6 +225,10 @@ def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any)
     """The clipping magnitude of ``method`` for the histogram of ``|x|`` (``+inf`` for ``"minmax"``)."""
     if method == "minmax":
         return xp.full(tuple(hist.max_val.shape), INF, dtype=hist.max_val.dtype, device=device_of(hist.max_val))
+    if method == "kl" and _kl_kernel_applies(hist, config, xp):
+        from .. import _triton_kernels  # torch CUDA: the KL search in three kernels, no host read
+
+        return _triton_kernels.kl_search_amax(hist.counts, hist.lo, hist.width, config.levels)
     routed = _kernel_amax(method, hist, config, xp)
     if routed is not None:
         return routed
@@ -261,6 +265,16 @@ def _kernel_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any
     return _triton_kernels.mse_amax(hist.counts, hist.lo, hist.width, start=min(128, hist.counts.shape[-1] - 1),
                                     stride=config.stride, levels=high - low + 1, mode=int(float_qparams),
                                     divisor=divisor, eps=float(np.float32(spec.eps)))
+
+
+def _kl_kernel_applies(hist: CalibHistogram, config: CalibConfig, xp: Any) -> bool:
+    """Whether the KL search of ``hist`` runs the Triton kernels: the torch CUDA path, int64 counts on a
+    float32 grid, and ``levels`` whose group sums the kernel adds in NumPy's order (``kl_search_applies``)."""
+    if not (hist.counts.dtype == xp.int64 and hist.lo.dtype == xp.float32 and triton_route(hist.counts, xp=xp)):
+        return False
+    from .. import _triton_kernels
+
+    return _triton_kernels.kl_search_applies(config.levels)
 
 
 def observed_range(x: Array, *, axis: int | None, xp: Any, collective: Any = None) -> tuple[Array, Array]:
@@ -430,16 +444,17 @@ def mix_range(x: Array, hist: CalibHistogram, lo: Array, hi: Array, *, axis: int
               xp: Any, collective: Any = None) -> tuple[Array, Array, Array]:
     """MixObserver's batch result: every candidate of :data:`MIX_CANDIDATES` clips ``(lo, hi)``; the one
     of least :func:`candidate_errors` wins (the first among equals). ``(lo, hi, choice)``."""
-    amaxes = [search_amax(m, hist, config, xp) for m in MIX_CANDIDATES]
-    if (collective is None and size(x) > 0 and x.dtype == xp.float32 and lo.dtype == xp.float32
-            and triton_route(x, lo, xp=xp)):
+    kernels = (collective is None and size(x) > 0 and x.dtype == xp.float32 and lo.dtype == xp.float32
+               and triton_route(x, lo, xp=xp))
+    amaxes = [search_amax(m, hist, config, xp) for m in MIX_CANDIDATES[kernels:]]  # (kernels: minmax's +inf inside)
+    if kernels:
         from .. import _triton_kernels  # torch CUDA: the candidates' errors in one pass over x, the pick
 
         spec = config.spec
         qrange = float(spec.quant_max - spec.quant_min)
         mode = 0 if spec.qscheme.is_symmetric else 2 if spec.qscheme is QScheme.PER_CHANNEL_AFFINE_FLOAT_QPARAMS else 1
         return _triton_kernels.mix_pick(
-            x, None if axis is None else axis % x.ndim, lo, hi, amaxes[1:], mode=mode, quant_min=spec.quant_min,
+            x, None if axis is None else axis % x.ndim, lo, hi, amaxes, mode=mode, quant_min=spec.quant_min,
             quant_max=spec.quant_max, zero_point=spec.symmetric_zero_point, divisor=qrange / 2 if mode == 0 else qrange,
             eps=float(np.float32(spec.eps)))[:3]
     ranges = [clip_range(lo, hi, a, xp) for a in amaxes]
@@ -480,13 +495,19 @@ def batch_update(state: MinMaxState, x: Array, /, *, axis: int | None, config: C
         lo, hi, choice = mix_range(x, hist, lo, hi, axis=axis, config=config, xp=xp, collective=collective)
     else:
         amax = search_amax(config.method, hist, config, xp)
+    return _clipped_average(state, lo, hi, amax, config.averaging_constant, xp), choice
+
+
+def _clipped_average(state: MinMaxState, lo: Array, hi: Array, amax: Array | None, averaging_constant: float,
+                     xp: Any) -> MinMaxState:
+    """:func:`clip_range` of ``(lo, hi)`` (``amax`` None: not clipped), then :func:`average_range` into ``state``."""
     if state.min_val.dtype == xp.float32 and lo.dtype == xp.float32 and triton_route(state.min_val, lo, xp=xp):
         from .. import _triton_kernels  # torch CUDA: clip_range and average_range in one kernel
 
-        return MinMaxState(*_triton_kernels.clip_average(*state, lo, hi, amax, config.averaging_constant)), choice
+        return MinMaxState(*_triton_kernels.clip_average(*state, lo, hi, amax, averaging_constant))
     if amax is not None:
         lo, hi = clip_range(lo, hi, amax, xp)
-    return average_range(state, lo, hi, config.averaging_constant, xp), choice
+    return average_range(state, lo, hi, averaging_constant, xp)
 
 
 def _percentile_kernel_applies(config: CalibConfig) -> bool:
@@ -532,10 +553,26 @@ def kl_accumulate(acc: KLAccumulator, x: Array, /, *, axis: int | None, xp: Any,
     every member's ``x``: exactly the accumulator of the concatenated batch). float64 ``x`` is observed as
     float32 (:func:`as_float32`)."""
     x = as_float32(x, xp)
+    if _kl_accumulate_kernel_applies(acc, x, axis, xp, collective):
+        from .. import _triton_kernels  # torch CUDA: the range, the counts and the re-binning in two kernels
+
+        hist, seen = _triton_kernels.kl_accumulate(acc.hist, acc.seen, x, None if axis is None else axis % x.ndim)
+        return KLAccumulator(CalibHistogram(*hist), MinMaxState(*seen))
     lo, hi = observed_range(x, axis=axis, xp=xp, collective=collective)
     hist = _abs_update(acc.hist, x, axis, xp, collective, (lo, hi))  # (checks the channel count)
     # minmax_update(acc.seen, x)'s operations, in its order
     return KLAccumulator(hist, MinMaxState(xp.minimum(lo, acc.seen.min_val), xp.maximum(hi, acc.seen.max_val)))
+
+
+def _kl_accumulate_kernel_applies(acc: KLAccumulator, x: Array, axis: int | None, xp: Any, collective: Any) -> bool:
+    """Whether :func:`kl_accumulate` runs the Triton kernels: the torch CUDA path, no collective, non-empty
+    float32 ``x`` with the accumulator's channel count (else the array code, which raises for a wrong one),
+    int64 counts on a float32 grid and range."""
+    channels = () if axis is None else (x.shape[axis % x.ndim],) if x.ndim else None
+    return (collective is None and size(x) > 0 and x.dtype == xp.float32 and tuple(acc.hist.lo.shape) == channels
+            and acc.hist.counts.dtype == xp.int64
+            and all(a.dtype == xp.float32 for a in (*acc.hist[1:], *acc.seen))
+            and triton_route(x, acc.hist.counts, xp=xp))
 
 
 def kl_merge(a: KLAccumulator, b: KLAccumulator, /, *, xp: Any = None) -> KLAccumulator:
@@ -547,8 +584,7 @@ def kl_merge(a: KLAccumulator, b: KLAccumulator, /, *, xp: Any = None) -> KLAccu
 def kl_update(state: MinMaxState, acc: KLAccumulator, /, *, config: CalibConfig, xp: Any) -> MinMaxState:
     """A KL update: the accumulated range clipped to the KL threshold of the accumulated histogram,
     averaged into ``state``."""
-    lo, hi = clip_range(acc.seen.min_val, acc.seen.max_val, search_amax("kl", acc.hist, config, xp), xp)
-    return average_range(state, lo, hi, config.averaging_constant, xp)
+    return _clipped_average(state, *acc.seen, search_amax("kl", acc.hist, config, xp), config.averaging_constant, xp)
 
 
 class KLState(NamedTuple):
