@@ -34,7 +34,8 @@ from triton.language import core as _tl_core  # noqa: F401  (patched for the int
 from . import _namespace
 
 __all__ = ["clip_average", "histogram_update", "kl_accumulate", "kl_curve", "kl_search_amax", "kl_search_applies",
-           "l2_search", "launch", "moving_average", "percentile_amax", "range_abs_histogram"]
+           "l2_search", "launch", "mix_pick", "moving_average", "mse_amax", "mse_applies", "percentile_amax",
+           "range_abs_histogram"]
 
 _INF = float("inf")
 _F32_MAX = 3.4028234663852886e38
@@ -424,6 +425,12 @@ def moving_average(min_val: torch.Tensor, max_val: torch.Tensor, lo: torch.Tenso
 
 
 @triton.jit
+def _clip_to(v, amax):
+    """``minimum(maximum(v, -amax), amax)``, NaN propagated (torch's ``maximum``/``minimum``)."""
+    return tl.minimum(tl.maximum(v, -amax, propagate_nan=tl.PropagateNan.ALL), amax, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _clip_average_kernel(lo_ptr, hi_ptr, amax_ptr, smin_ptr, smax_ptr, c, one_minus_c, min_out, max_out, n,
                          CLIP: tl.constexpr, BLOCK: tl.constexpr):
     """``families.calibration.clip_range`` (``CLIP``) then ``average_range``, per entry: the range clipped
@@ -439,9 +446,8 @@ def _clip_average_kernel(lo_ptr, hi_ptr, amax_ptr, smin_ptr, smax_ptr, c, one_mi
     if CLIP:
         amax = tl.load(amax_ptr + offs, mask=m, other=0.0)
         seen = lo <= hi
-        nan = tl.PropagateNan.ALL
-        lo = tl.where(seen, tl.minimum(tl.maximum(lo, -amax, propagate_nan=nan), amax, propagate_nan=nan), lo)
-        hi = tl.where(seen, tl.minimum(tl.maximum(hi, -amax, propagate_nan=nan), amax, propagate_nan=nan), hi)
+        lo = tl.where(seen, _clip_to(lo, amax), lo)
+        hi = tl.where(seen, _clip_to(hi, amax), hi)
     # moving_average_update of the pairs [lo, hi] with ignore_nonfinite: their finite min and max
     lo_f = _finite(lo)
     hi_f = _finite(hi)
@@ -1344,3 +1350,387 @@ def kl_accumulate(hist: tuple, seen: tuple, x: torch.Tensor, axis: int | None) -
     lead = () if axis is None else (channels,)
     new_hist = (counts.reshape(lead + (bins,)),) + tuple(out[k].reshape(lead) for k in range(4))
     return new_hist, (out[4].reshape(lead), out[5].reshape(lead))
+
+
+# ======================================================================================================
+# MSE and Mix searches (MSEObserver, MixObserver): the MSE search over the histogram of |x| in three
+# kernels, Mix's candidate errors in one pass over x and its pick in one more
+# ======================================================================================================
+
+
+@triton.jit
+def _mse_edge(startf, width, b):
+    """Edge ``b`` (int) of the histogram grid as ``calib_histogram_edges`` computes it: ``(lo / width + b) * width``
+    in float32, returned as float64 (``_prepare``'s work dtype)."""
+    return ((startf + b.to(tl.float32)) * width).to(tl.float64)
+
+
+@triton.jit
+def _mse_scale(startf, width, k, start, stride, mode, d1, d2, d3, eps):
+    """The scale of candidate ``k`` (bin ``start + k * stride``): ``calculate_qparams(0, amax)`` in float64 of
+    its bin center ``amax = (e_b + e_{b+1}) / 2`` (``mode`` 0: ``max(max(amax, 0) / divisor, eps)``, symmetric
+    and affine; 1: ``amax / divisor``, 1 unless above ``eps``, float qparams; 1 where ``amax < 0``);
+    ``divisor = (d1 + d2) + d3`` exactly."""
+    b = start + k * stride
+    amax = (_mse_edge(startf, width, b) + _mse_edge(startf, width, b + 1)) / 2.0
+    divisor = (tl.cast(d1, tl.float64) + tl.cast(d2, tl.float64)) + tl.cast(d3, tl.float64)
+    eps64 = tl.cast(eps, tl.float64)
+    s0 = tl.maximum(amax, 0.0) / divisor
+    s0 = tl.where(s0 >= eps64, s0, eps64)
+    s1 = amax / divisor
+    s1 = tl.where(s1 > eps64, s1, 1.0)
+    s = tl.where(mode == 0, s0, s1)
+    return tl.where(amax < 0.0, 1.0, s)
+
+
+@triton.jit
+def _pow2_at_least64(v):
+    """The smallest power of two ``>= v`` (float64, normal ``v > 0``), exactly."""
+    bits = v.to(tl.int64, bitcast=True)
+    up = ((bits >> 52) + 1) << 52
+    return tl.where((bits & 0xFFFFFFFFFFFFF) == 0, v, up.to(tl.float64, bitcast=True))
+
+
+@triton.jit
+def _mse_prepare_kernel(counts_ptr, lo_ptr, width_ptr, bins, binsf, K, start, stride, mode, d1, d2, d3, eps,
+                        p0_ptr, p1_ptr, consts_ptr, BLOCK: tl.constexpr, KBLOCK: tl.constexpr):
+    """Program ``row``: the inputs of the level sums (``_calibration._squared_error_by_levels``): the prefix
+    sums ``P0``/``P1`` of ``h`` and ``h j`` (int64, exact), and ``S0, S1, S2, unit, w, o`` (float64) with
+    ``w = max((e_B - e_0) / B, max_k s_k * 2**-40)``, ``o = e_0 / w + 1/2``, ``unit = (w / norm)**2`` and
+    ``norm`` the smallest power of two ``>= max |e|`` (1 for 0; ``_calibration.error_norm``)."""
+    row = tl.program_id(0).to(tl.int64)
+    r = tl.arange(0, BLOCK)
+    carry0 = tl.zeros([], tl.int64)
+    carry1 = tl.zeros([], tl.int64)
+    s2 = tl.zeros([], tl.int64)
+    base = row * (bins + 1)
+    tl.store(p0_ptr + base, carry0)
+    tl.store(p1_ptr + base, carry1)
+    for j0 in range(0, bins, BLOCK):
+        j = j0 + r
+        m = j < bins
+        h = tl.load(counts_ptr + row * bins + j, mask=m, other=0)
+        hj = h * j
+        tl.store(p0_ptr + base + j + 1, tl.cumsum(h, axis=0) + carry0, mask=m)
+        tl.store(p1_ptr + base + j + 1, tl.cumsum(hj, axis=0) + carry1, mask=m)
+        carry0 += tl.sum(h, axis=0)
+        carry1 += tl.sum(hj, axis=0)
+        s2 += tl.sum(hj * j, axis=0)
+    width = tl.load(width_ptr + row)
+    startf = tl.div_rn(tl.load(lo_ptr + row), tl.where(width > 0.0, width, 1.0))
+    top = tl.full([], -float("inf"), tl.float64)
+    kr = tl.arange(0, KBLOCK)
+    for k0 in range(0, K, KBLOCK):
+        k = k0 + kr
+        s = _mse_scale(startf, width, k, start, stride, mode, d1, d2, d3, eps)
+        top = tl.maximum(top, tl.max(tl.where(k < K, s, -float("inf")), axis=0))
+    e0 = _mse_edge(startf, width, tl.zeros([], tl.int32))
+    eb = _mse_edge(startf, width, tl.zeros([], tl.int32) + bins)
+    w = (eb - e0) / tl.cast(binsf, tl.float64)
+    floor_w = top * 9.094947017729282e-13  # 2**-40
+    w = tl.where(w >= floor_w, w, floor_w)
+    norm = tl.maximum(tl.abs(e0), tl.abs(eb))  # (the edges are monotone)
+    norm = tl.where((norm > 0.0) & (norm < float("inf")), norm, 1.0)
+    norm = tl.minimum(_pow2_at_least64(norm), 4.49423283715579e307)  # 2**1022
+    unit = w / norm
+    out = consts_ptr + row * 6
+    tl.store(out, carry0.to(tl.float64))
+    tl.store(out + 1, carry1.to(tl.float64))
+    tl.store(out + 2, s2.to(tl.float64))
+    tl.store(out + 3, unit * unit)
+    tl.store(out + 4, w)
+    tl.store(out + 5, e0 / w + 0.5)
+
+
+@triton.jit
+def _mse_errors_kernel(p0_ptr, p1_ptr, consts_ptr, lo_ptr, width_ptr, bins, binsf, K, start, stride, mode, d1, d2,
+                       d3, eps, levels, err_ptr, bound_ptr, KBLOCK: tl.constexpr, LBLOCK: tl.constexpr):
+    """Program ``(row, block)``: the level sums of its ``KBLOCK`` candidates, as ``_squared_error_by_levels``
+    (float64, its operations in its order): ``n_m = clip(ceil((m - 1/2) r - o), 0, B)``, ``Y0 = sum P0[n_m]``,
+    ``Y1 = sum (2m - 1) P0[n_m]``, ``X1 = sum P1[n_m]`` (int64: exact, as the array code's sums of integers),
+    the error ``max(S2 - 2u S1 + u**2 S0 + 2r X1 - r**2 Y1 + 2r o Y0, 0) * unit`` and its rounding bound."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * KBLOCK + tl.arange(0, KBLOCK)
+    km = k < K
+    c = consts_ptr + row * 6
+    s0 = tl.load(c)
+    s1 = tl.load(c + 1)
+    s2 = tl.load(c + 2)
+    unit = tl.load(c + 3)
+    w = tl.load(c + 4)
+    off = tl.load(c + 5)
+    width = tl.load(width_ptr + row)
+    startf = tl.div_rn(tl.load(lo_ptr + row), tl.where(width > 0.0, width, 1.0))
+    rk = _mse_scale(startf, width, tl.minimum(k, K - 1), start, stride, mode, d1, d2, d3, eps) / w
+    y0 = tl.zeros([KBLOCK], tl.int64)
+    y1 = tl.zeros([KBLOCK], tl.int64)
+    x1 = tl.zeros([KBLOCK], tl.int64)
+    base = row * (bins + 1)
+    for m0 in range(1, levels, LBLOCK):
+        m = m0 + tl.arange(0, LBLOCK)
+        # m beyond the levels: (m - 1/2) = -inf, so n = 0 and P0[0] = P1[0] = 0 add nothing (rk > 0); n stays
+        # in [0, B], so the loads need no mask (candidates beyond K are not stored)
+        half = tl.where(m < levels, m.to(tl.float64) - 0.5, -float("inf"))
+        n = tl.ceil(half[None, :] * rk[:, None] - off)
+        n = tl.minimum(tl.maximum(n, 0.0), tl.cast(binsf, tl.float64)).to(tl.int64)
+        g0 = tl.load(p0_ptr + base + n)
+        y0 += tl.sum(g0, axis=1)
+        y1 += tl.sum((2 * m - 1).to(tl.int64)[None, :] * g0, axis=1)
+        x1 += tl.sum(tl.load(p1_ptr + base + n), axis=1)
+    u = tl.cast(levels - 1, tl.float64) * rk - off
+    t1 = 2.0 * u * s1
+    t2 = u * u * s0
+    t3 = 2.0 * rk * x1.to(tl.float64)
+    t4 = rk * rk * y1.to(tl.float64)
+    t5 = 2.0 * rk * off * y0.to(tl.float64)
+    e = s2 - t1 + t2 + t3 - t4 + t5
+    e = tl.where((e >= 0.0) | (e != e), e, 0.0)  # torch.clamp(e, 0): NaN and -0.0 kept
+    bound = 3.552713678800501e-15 * (tl.abs(s2) + tl.abs(t1) + tl.abs(t2) + tl.abs(t3) + tl.abs(t4) + tl.abs(t5))
+    tl.store(err_ptr + row * K + k, e * unit, mask=km)
+    tl.store(bound_ptr + row * K + k, bound * unit, mask=km)
+
+
+@triton.jit
+def _mse_pick_kernel(err_ptr, bound_ptr, lo_ptr, width_ptr, K, start, stride, amax_out, KBLOCK: tl.constexpr):
+    """Program ``row``: ``_calibration._pick`` (ties "first") of the errors with the slack ``2**-40 * best +
+    2 * max(bound)``, then the picked bin's center ``(e_b + e_{b+1}) / 2`` in float32 (``midpoint``)."""
+    row = tl.program_id(0).to(tl.int64)
+    kr = tl.arange(0, KBLOCK)
+    best = tl.full([], float("inf"), tl.float64)
+    nan = tl.zeros([], tl.int32)
+    top = tl.full([], -float("inf"), tl.float64)
+    for k0 in range(0, K, KBLOCK):
+        k = k0 + kr
+        km = k < K
+        e = tl.load(err_ptr + row * K + k, mask=km, other=float("inf"))
+        best = tl.minimum(best, tl.min(e, axis=0))
+        nan = tl.maximum(nan, tl.max((e != e).to(tl.int32), axis=0))
+        top = tl.maximum(top, tl.max(tl.load(bound_ptr + row * K + k, mask=km, other=-float("inf")), axis=0))
+    best = tl.where(nan > 0, float("nan"), best)  # torch.min: NaN wins (then nothing is near: the first)
+    limit = best + (9.094947017729282e-13 * best + 2.0 * top)  # tol 2**-40
+    pick = tl.zeros([], tl.int32) + K
+    for k0 in range(0, K, KBLOCK):
+        k = k0 + kr
+        km = k < K
+        near = km & (tl.load(err_ptr + row * K + k, mask=km, other=float("inf")) <= limit)
+        pick = tl.minimum(pick, tl.min(tl.where(near, k, K), axis=0))
+    pick = tl.where(pick == K, 0, pick)
+    width = tl.load(width_ptr + row)
+    startf = tl.div_rn(tl.load(lo_ptr + row), tl.where(width > 0.0, width, 1.0))
+    b = start + pick * stride
+    u = (startf + b.to(tl.float32)) * width
+    v = (startf + (b + 1).to(tl.float32)) * width
+    mean = tl.div_rn(u + v, 2.0)
+    half_sum = tl.div_rn(u, 2.0) + tl.div_rn(v, 2.0)
+    tl.store(amax_out + row, tl.where((tl.abs(mean) == float("inf")) & _finite(u) & _finite(v), half_sum, mean))
+
+
+def mse_applies(bins: int, levels: int, divisor: float) -> bool:
+    """Whether :func:`mse_amax` computes the array code's search: the level sums (``levels <= bins``) and a
+    divisor that three float32 numbers hold exactly."""
+    try:
+        float32_parts(divisor)
+    except ValueError:
+        return False
+    return 1 < levels <= bins
+
+
+def mse_amax(counts: torch.Tensor, lo: torch.Tensor, width: torch.Tensor, *, start: int, stride: int, levels: int,
+             mode: int, divisor: float, eps: float) -> torch.Tensor:
+    """``_calibration.mse_threshold`` of a histogram of ``|x|`` (int64 counts ``(..., bins)`` on the grid
+    ``(lo, width)``, float32) with the candidates ``start, start + stride, ... < bins``, ``levels`` quantized
+    levels (:func:`mse_applies`), the scales' ``mode`` (0: ``max(amax / divisor, eps)``; 1: float qparams)
+    and float32 ``eps``: three kernels (prefix sums, the candidates' level sums, the pick), float32 ``amax``
+    of ``lo``'s shape."""
+    bins = counts.shape[-1]
+    rows = counts.reshape(-1, bins).contiguous()
+    channels = rows.shape[0]
+    count = len(range(start, bins, stride))
+    device = counts.device
+    lo_rows, width_rows = lo.reshape(-1).contiguous(), width.reshape(-1).contiguous()
+    p0 = torch.empty((channels, bins + 1), dtype=torch.int64, device=device)
+    p1 = torch.empty((channels, bins + 1), dtype=torch.int64, device=device)
+    consts = torch.empty((channels, 6), dtype=torch.float64, device=device)
+    err = torch.empty((channels, count), dtype=torch.float64, device=device)
+    bound = torch.empty((channels, count), dtype=torch.float64, device=device)
+    amax = torch.empty(lo.shape, dtype=torch.float32, device=device)
+    cpu = device.type == "cpu"
+    kblock = min(triton.next_power_of_2(count), 2048 if cpu else 32)
+    lblock = min(triton.next_power_of_2(max(levels - 1, 1)), 128)
+    scale_args = (count, start, stride, mode, *float32_parts(divisor), float(eps))
+    launch(_mse_prepare_kernel, (channels,), rows, lo_rows, width_rows, bins, float(bins), *scale_args, p0, p1, consts,
+           BLOCK=min(triton.next_power_of_2(bins), 4096), KBLOCK=min(triton.next_power_of_2(count), 1024))
+    launch(_mse_errors_kernel, (channels, triton.cdiv(count, kblock)), p0, p1, consts, lo_rows, width_rows, bins,
+           float(bins), *scale_args, levels, err, bound, KBLOCK=kblock, LBLOCK=lblock)
+    launch(_mse_pick_kernel, (channels,), err, bound, lo_rows, width_rows, count, start, stride, amax,
+           KBLOCK=min(triton.next_power_of_2(count), 1024))
+    return amax
+
+
+@triton.jit
+def _tree_sum(v, LOG: tl.constexpr):
+    """The sum of the ``2**LOG`` values ``v`` as a fixed tree: adjacent pairs ``v[2i] + v[2i + 1]`` added, level
+    by level (each addition a single rounding of two values, the same on a GPU and in the interpreter)."""
+    for _ in tl.static_range(LOG):
+        a, b = tl.split(tl.reshape(v, [v.shape[0] // 2, 2]))
+        v = a + b
+    return tl.sum(v, axis=0)
+
+
+@triton.jit
+def _rint64(v):
+    """Round half to even (float64; ``torch.round``): ``(|v| + 2**52) - 2**52`` below 2**52, with ``v``'s sign."""
+    a = tl.abs(v)
+    r = (a + 4503599627370496.0) - 4503599627370496.0
+    r = tl.where(v < 0.0, -r, r)
+    return tl.where(a < 4503599627370496.0, r, v)
+
+
+@triton.jit
+def _rint32(v):
+    """Round half to even (float32)."""
+    a = tl.abs(v)
+    r = (a + 8388608.0) - 8388608.0
+    r = tl.where(v < 0.0, -r, r)
+    return tl.where(a < 8388608.0, r, v)
+
+
+@triton.jit
+def _mix_candidate(lo, hi, amax, MODE: tl.constexpr, qmin, qmax, zsym, divisor, eps):
+    """A Mix candidate's range and quantizer: ``families.calibration.clip_range(lo, hi, amax)`` and
+    ``calculate_qparams`` of it in float32 (``MODE`` 0 symmetric, 1 affine, 2 float qparams; torch divides by
+    ``divisor`` as float32): ``(lo_k, hi_k, scale, zero_point as float64)``."""
+    seen = lo <= hi
+    lo_k = tl.where(seen, _clip_to(lo, amax), lo)
+    hi_k = tl.where(seen, _clip_to(hi, amax), hi)
+    min_neg = tl.minimum(lo_k, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    max_pos = tl.maximum(hi_k, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    if MODE == 0:
+        max_pos = tl.maximum(-min_neg, max_pos, propagate_nan=tl.PropagateNan.ALL)
+        scale = tl.maximum(tl.div_rn(max_pos, divisor), eps, propagate_nan=tl.PropagateNan.ALL)
+        zero_point = tl.zeros_like(scale).to(tl.float64) + tl.cast(zsym, tl.float64)
+    elif MODE == 1:
+        scale = tl.maximum(tl.div_rn(max_pos - min_neg, divisor), eps, propagate_nan=tl.PropagateNan.ALL)
+        rounded = _rint32(tl.div_rn(min_neg, scale)).to(tl.int32)
+        zero_point = tl.minimum(tl.maximum(qmin - rounded, qmin), qmax).to(tl.float64)
+    else:
+        scale = tl.div_rn(hi_k - lo_k, divisor)
+        scale = tl.where(scale > eps, scale, 1.0)
+        zero_point = tl.div_rn(-lo_k, scale).to(tl.float64)
+    invalid = lo_k > hi_k
+    scale = tl.where(invalid, 1.0, scale)
+    zero_point = tl.where(invalid, 0.0, zero_point)
+    return lo_k, hi_k, scale, zero_point
+
+
+@triton.jit
+def _mix_block_sum(v, finite, lo, hi, amax, norm, MODE: tl.constexpr, qmin, qmax, zsym, divisor, eps,
+                   LOG: tl.constexpr):
+    """The tree sum over a block of ``((fq(v) - v) / norm)**2`` (0 where ``v`` is not finite), ``fq`` the
+    candidate's :func:`~observers_core.fake_quantize` in float64 (``candidate_errors``' operations)."""
+    lo_k, hi_k, scale, zero_point = _mix_candidate(lo, hi, amax, MODE, qmin, qmax, zsym, divisor, eps)
+    s = scale.to(tl.float64)
+    inv = 1.0 / s
+    if MODE == 2:  # a float zero point: added before rounding
+        q = _rint64(v * inv + zero_point)
+    else:
+        q = _rint64(v * inv) + zero_point
+    q = tl.minimum(tl.maximum(q, tl.cast(qmin, tl.float64)), tl.cast(qmax, tl.float64))
+    d = ((q - zero_point) * s - v) / norm
+    return _tree_sum(tl.where(finite, d * d, 0.0), LOG)
+
+
+@triton.jit
+def _mix_errors_kernel(x_ptr, N, lo_ptr, hi_ptr, pct_ptr, kl_ptr, mse_ptr, qmin, qmax, zsym, divisor, eps, part_ptr,
+                       count_ptr, NB, MODE: tl.constexpr, BLOCK: tl.constexpr, LOG: tl.constexpr):
+    """Program ``(row, block)``: for each Mix candidate (minmax, percentile, kl, mse: the range clipped to
+    ``+inf`` and the three ``amax``), the tree sum of the squared fake-quantization errors over the block's
+    ``BLOCK`` values of the row (zeros past its end) in units of ``norm`` (``error_norm`` of the row's largest
+    finite ``|x|``), into ``part[row, k, block]``; its finite values' count into ``count[row, block]``."""
+    row = tl.program_id(0).to(tl.int64)
+    b = tl.program_id(1)
+    offs = b.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(x_ptr + row * N + offs, mask=m, other=0.0)
+    finite = m & _finite(x)
+    v = tl.where(finite, x.to(tl.float64), 0.0)
+    lo = tl.load(lo_ptr + row)
+    hi = tl.load(hi_ptr + row)
+    norm = tl.abs(tl.maximum(-lo, hi, propagate_nan=tl.PropagateNan.ALL).to(tl.float64))
+    norm = tl.where((norm > 0.0) & (norm < float("inf")), norm, 1.0)
+    norm = tl.minimum(_pow2_at_least64(norm), 4.49423283715579e307)  # error_norm (2**1022 cap)
+    out = part_ptr + (row * 4) * NB + b
+    for k in tl.static_range(4):  # minmax (amax +inf), percentile, kl, mse
+        if k == 0:
+            amax = float("inf")
+        elif k == 1:
+            amax = tl.load(pct_ptr + row)
+        elif k == 2:
+            amax = tl.load(kl_ptr + row)
+        else:
+            amax = tl.load(mse_ptr + row)
+        tl.store(out + k * NB, _mix_block_sum(v, finite, lo, hi, amax, norm, MODE, qmin, qmax, zsym, divisor, eps, LOG))
+    tl.store(count_ptr + row * NB + b, tl.sum(finite.to(tl.int64), axis=0))
+
+
+@triton.jit
+def _mix_pick_kernel(part_ptr, count_ptr, NB, lo_ptr, hi_ptr, pct_ptr, kl_ptr, mse_ptr, qmin, qmax, zsym, divisor, eps,
+                     lo_out, hi_out, choice_out, errors_out, MODE: tl.constexpr, NBLOCK: tl.constexpr,
+                     LOG: tl.constexpr):
+    """Program ``row``: the candidates' errors ``E_k = sum / max(count, 1)`` (the blocks' sums added as the
+    same tree, zeros past the last block) and the first least one (``argmin``); its range, index and the errors."""
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, NBLOCK)
+    jm = j < NB
+    count = tl.sum(tl.load(count_ptr + row * NB + j, mask=jm, other=0), axis=0).to(tl.float64)
+    count = tl.where(count > 0.0, count, 1.0)
+    base = part_ptr + (row * 4) * NB + j
+    best = _tree_sum(tl.load(base, mask=jm, other=0.0), LOG) / count
+    tl.store(errors_out + row * 4, best)
+    choice = tl.zeros([], tl.int64)
+    for k in tl.static_range(1, 4):
+        e = _tree_sum(tl.load(base + k * NB, mask=jm, other=0.0), LOG) / count
+        tl.store(errors_out + row * 4 + k, e)
+        better = (e < best) | ((e != e) & (best == best))  # torch.argmin: the first least, NaN first
+        best = tl.where(better, e, best)
+        choice = tl.where(better, k, choice)
+    lo = tl.load(lo_ptr + row)
+    hi = tl.load(hi_ptr + row)
+    amax = tl.where(choice == 1, tl.load(pct_ptr + row), float("inf"))
+    amax = tl.where(choice == 2, tl.load(kl_ptr + row), amax)
+    amax = tl.where(choice == 3, tl.load(mse_ptr + row), amax)
+    lo_k, hi_k, scale, zero_point = _mix_candidate(lo, hi, amax, MODE, qmin, qmax, zsym, divisor, eps)
+    tl.store(lo_out + row, lo_k)
+    tl.store(hi_out + row, hi_k)
+    tl.store(choice_out + row, choice)
+
+
+def mix_pick(x: torch.Tensor, axis: int | None, lo: torch.Tensor, hi: torch.Tensor, amax: tuple, *, mode: int,
+             quant_min: int, quant_max: int, zero_point: int, divisor: float, eps: float
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``families.calibration.mix_range`` of a non-empty float32 ``x`` (per tensor, or per channel along the
+    normalised ``axis``) with its finite range ``(lo, hi)`` and the percentile, KL and MSE ``amax``: the
+    candidates' errors (``candidate_errors`` on the torch CUDA path: float64 terms added as a fixed tree) in
+    one pass over ``x`` and the pick in a second kernel. ``mode``: 0 symmetric, 1 affine, 2 float qparams;
+    ``divisor``: the qparams' ``Q_max - Q_min`` (halved when symmetric). ``(lo, hi, choice, errors)`` as new tensors
+    (``errors``: the candidates' ``E_k``, float64, shape ``lo.shape + (4,)``)."""
+    rows = _channel_rows(x, axis)
+    channels, n = rows.shape
+    cap = 4096  # blocks per row (the pick adds them in one program)
+    block = max(16, min(triton.next_power_of_2(n), _block(rows)), triton.next_power_of_2(triton.cdiv(n, cap)))
+    nb = triton.cdiv(n, block)
+    nblock = max(2, triton.next_power_of_2(nb))
+    device = x.device
+    parts = torch.empty((channels, 4, nb), dtype=torch.float64, device=device)
+    counts = torch.empty((channels, nb), dtype=torch.int64, device=device)
+    lo_out = torch.empty(lo.shape, dtype=torch.float32, device=device)
+    hi_out = torch.empty(lo.shape, dtype=torch.float32, device=device)
+    choice = torch.empty(lo.shape, dtype=torch.int64, device=device)
+    errors = torch.empty(tuple(lo.shape) + (4,), dtype=torch.float64, device=device)
+    flat = [a.reshape(-1).to(torch.float32).contiguous() for a in (lo, hi, *amax)]
+    qargs = (quant_min, quant_max, zero_point, float(divisor), float(eps))
+    launch(_mix_errors_kernel, (channels, nb), rows, n, *flat, *qargs, parts, counts, nb, MODE=mode, BLOCK=block,
+           LOG=int(math.log2(block)))
+    launch(_mix_pick_kernel, (channels,), parts, counts, nb, *flat, *qargs, lo_out, hi_out, choice, errors, MODE=mode,
+           NBLOCK=nblock, LOG=int(math.log2(nblock)))
+    return lo_out, hi_out, choice, errors

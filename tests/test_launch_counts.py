@@ -4,9 +4,9 @@ the counting of benchmarks/device_path_ops.py (:func:`observers_core.testing.cou
 launches; views and allocations are not launches; host synchronisations counted apart).
 
 Held here: HistogramObserver.forward <= 8 and no sync; HistogramObserver.calculate_qparams <= 20 and one
-sync; PercentileObserver.forward and KLObserver.forward (per tensor and per channel) <= 12; every torch.ao
-MinMax-family class no more than torch.ao's own forward. Not yet held (part of the step still runs the
-array code; docs/gpu-kernels.md lists the counts): the MSE and Mix forwards.
+sync; PercentileObserver.forward, KLObserver.forward and MSEObserver.forward (per tensor and per channel)
+<= 12, no sync; MixObserver.forward <= 20, no sync; every torch.ao MinMax-family class no more than
+torch.ao's own forward.
 """
 
 from __future__ import annotations
@@ -79,6 +79,35 @@ def test_kl_forward_launches_at_most_12_and_never_syncs(kwargs):
     assert counted.launches <= 12, counted
     assert counted.syncs == 0, counted
     assert set(counted.triton) == KL_KERNELS and sum(counted.triton.values()) == len(KL_KERNELS), counted
+
+
+#: Per-channel batches of the MSE and Mix counts: 8 channels (the Triton interpreter runs the candidates' level
+#: sums of every channel; (64, 512) has 512, minutes on the CPU). The launches do not depend on the channel count.
+SMALL_CHANNELS = batches_of((64, 8))
+MSE_KERNELS = ("_mse_prepare_kernel", "_mse_errors_kernel", "_mse_pick_kernel")
+
+
+@pytest.mark.parametrize("kwargs", [{}, PER_CHANNEL], ids=["per_tensor", "per_channel"])
+def test_mse_forward_launches_at_most_12_and_never_syncs(kwargs):
+    counted = count(("MSEObserver", kwargs), SMALL_CHANNELS if kwargs else BATCHES)
+    assert counted.launches <= 12, counted
+    assert counted.syncs == 0, counted
+    assert all(counted.triton[k] == 1 for k in MSE_KERNELS), counted
+
+
+MIX_KERNELS = {"_rows_range_kernel", "_abs_histogram_kernel", "_percentile_kernel", "_kl_prefix_kernel",
+               "_kl_curve_kernel", "_kl_pick_kernel", *MSE_KERNELS, "_mix_errors_kernel", "_mix_pick_kernel",
+               "_clip_average_kernel"}
+
+
+@pytest.mark.parametrize("kwargs", [{}, PER_CHANNEL], ids=["per_tensor", "per_channel"])
+def test_mix_forward_launches_at_most_20_and_never_syncs(kwargs):
+    """Every candidate's search (percentile, KL, MSE), the candidates' errors and the pick run the Triton
+    kernels, each once."""
+    counted = count(("MixObserver", kwargs), SMALL_CHANNELS if kwargs else BATCHES)
+    assert counted.launches <= 20, counted
+    assert counted.syncs == 0, counted
+    assert set(counted.triton) == MIX_KERNELS and sum(counted.triton.values()) == len(MIX_KERNELS), counted
 
 
 @pytest.mark.parametrize("name", MINMAX)

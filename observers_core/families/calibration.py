@@ -48,14 +48,14 @@ from .._calibration import (
 from .._compiled import (
     abs_max_kernel, fq_block_sums_kernel, host_view, pairwise_blocks, pairwise_combine, split_ranges, threads,
 )
-from .._dtypes import QuantSpec, quant_spec
+from .._dtypes import QScheme, QuantSpec, quant_spec
 from .._minmax import (
     MinMaxState, aminmax, minmax_init, minmax_merge, minmax_qparams, minmax_update, moving_average_merge,
     moving_average_update,
 )
 from .._namespace import (
-    array_namespace, channel_rows, device_of, explicit_replicated, is_finite, is_numpy_namespace, rounded, size,
-    triton_route,
+    array_namespace, channel_rows, device_of, explicit_replicated, is_finite, is_numpy_namespace, is_torch_namespace,
+    rounded, size, torch_cuda_path, triton_route,
 )
 from .._qparams import calculate_qparams
 from .._quantize import fake_quantize
@@ -66,7 +66,7 @@ __all__ = [
     "batch_update", "candidate_errors", "check_accumulator_channels", "clip_range", "describe", "kl_accumulate",
     "kl_channels_differ", "kl_init", "kl_merge",
     "kl_pending_message", "kl_update", "KLState", "kl_state_init", "kl_state_update", "kl_state_merge", "make_config", "mix_range", "observed_range", "positive_levels",
-    "search_amax", "with_spec",
+    "search_amax", "tree_sum", "with_spec",
 ]  # fmt: skip
 
 Array = Any
@@ -229,6 +229,9 @@ def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any)
         from .. import _triton_kernels  # torch CUDA: the KL search in three kernels, no host read
 
         return _triton_kernels.kl_search_amax(hist.counts, hist.lo, hist.width, config.levels)
+    routed = _kernel_amax(method, hist, config, xp)
+    if routed is not None:
+        return routed
     edges = calib_histogram_edges(hist, xp=xp)  # the observer's own histogram: valid, no check (host read)
     if method == "kl":
         return kl_threshold(hist.counts, edges, num_levels=config.levels, check=False, xp=xp)
@@ -237,6 +240,31 @@ def search_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any)
     if method == "percentile":
         return percentile_range(hist.counts, edges, percentile=config.percentile, check=False, xp=xp)[1]
     raise ValueError(f"unknown calibration method {method!r}")
+
+
+def _kernel_amax(method: str, hist: CalibHistogram, config: CalibConfig, xp: Any) -> Array | None:
+    """:func:`search_amax` on the torch CUDA path in Triton kernels (the array code's result, bit for bit):
+    the percentile in one kernel, the MSE search in three; ``None`` where they do not apply (other paths,
+    a percentile or MSE divisor that float32 parts cannot carry exactly, more MSE levels than bins)."""
+    if (method not in ("percentile", "mse") or hist.counts.dtype != xp.int64 or hist.lo.dtype != xp.float32
+            or not triton_route(hist.counts, xp=xp)):
+        return None
+    from .. import _triton_kernels
+
+    if method == "percentile":
+        if not _percentile_kernel_applies(config):
+            return None
+        return _triton_kernels.percentile_amax(hist.counts, hist.lo, hist.width, config.percentile / 100)
+    spec = config.spec
+    low, high = mse_window(spec)
+    qrange = float(spec.quant_max - spec.quant_min)
+    float_qparams = spec.qscheme is QScheme.PER_CHANNEL_AFFINE_FLOAT_QPARAMS
+    divisor = qrange / 2 if spec.qscheme.is_symmetric else qrange
+    if not _triton_kernels.mse_applies(hist.counts.shape[-1], high - low + 1, divisor):
+        return None
+    return _triton_kernels.mse_amax(hist.counts, hist.lo, hist.width, start=min(128, hist.counts.shape[-1] - 1),
+                                    stride=config.stride, levels=high - low + 1, mode=int(float_qparams),
+                                    divisor=divisor, eps=float(np.float32(spec.eps)))
 
 
 def _kl_kernel_applies(hist: CalibHistogram, config: CalibConfig, xp: Any) -> bool:
@@ -364,15 +392,28 @@ def candidate_errors(x: Array, lo: Array, hi: Array, *, axis: int | None, spec: 
             amax = _reduced(xp.max(xp.abs(rows), axis=-1, keepdims=True) if size(rows) else
                             xp.zeros((rows.shape[0], 1), dtype=dtype, device=device_of(rows)), "max", collective)
         norm = error_norm(amax, xp)
+        tree = is_torch_namespace(xp) and torch_cuda_path(rows)  # (the Mix kernel's order)
         sums = []
         for k in range(lo2.shape[-1]):  # a static loop over the (few) candidates: one (C, N) temporary each
             fq = fake_quantize(rows, scale[:, k:k + 1], zero_point[:, k:k + 1],
                                quant_min=spec.quant_min, quant_max=spec.quant_max, xp=xp)
             d = xp.where(finite, (fq - rows) / norm[:, None], 0.0)
-            sums.append(xp.sum(d * d, axis=-1))
+            sums.append(tree_sum(d * d, xp) if tree else xp.sum(d * d, axis=-1))
         sums = xp.stack(sums, axis=-1)
     sums, count = _reduced(sums, "sum", collective), _reduced(count, "sum", collective)
     return xp.reshape(sums / xp.where(count > 0, count, 1.0)[:, None], tuple(lo.shape))
+
+
+def tree_sum(v: Array, xp: Any) -> Array:
+    """The sum along the last axis as a fixed tree, the order of the torch CUDA path's Mix kernel: ``v``
+    zero-padded to a power of two, then adjacent pairs ``v[2i] + v[2i + 1]`` added level by level."""
+    n = v.shape[-1]
+    size = 1 << max(0, n - 1).bit_length()
+    if size > n:
+        v = xp.concat([v, xp.zeros(tuple(v.shape[:-1]) + (size - n,), dtype=v.dtype, device=device_of(v))], axis=-1)
+    while v.shape[-1] > 1:
+        v = v[..., 0::2] + v[..., 1::2]
+    return v[..., 0]
 
 
 def _fq_sums(rows: np.ndarray, scale: np.ndarray, zero_point: np.ndarray, float_zero_point: bool, norm: np.ndarray,
@@ -403,7 +444,20 @@ def mix_range(x: Array, hist: CalibHistogram, lo: Array, hi: Array, *, axis: int
               xp: Any, collective: Any = None) -> tuple[Array, Array, Array]:
     """MixObserver's batch result: every candidate of :data:`MIX_CANDIDATES` clips ``(lo, hi)``; the one
     of least :func:`candidate_errors` wins (the first among equals). ``(lo, hi, choice)``."""
-    ranges = [clip_range(lo, hi, search_amax(m, hist, config, xp), xp) for m in MIX_CANDIDATES]
+    kernels = (collective is None and size(x) > 0 and x.dtype == xp.float32 and lo.dtype == xp.float32
+               and triton_route(x, lo, xp=xp))
+    amaxes = [search_amax(m, hist, config, xp) for m in MIX_CANDIDATES[kernels:]]  # (kernels: minmax's +inf inside)
+    if kernels:
+        from .. import _triton_kernels  # torch CUDA: the candidates' errors in one pass over x, the pick
+
+        spec = config.spec
+        qrange = float(spec.quant_max - spec.quant_min)
+        mode = 0 if spec.qscheme.is_symmetric else 2 if spec.qscheme is QScheme.PER_CHANNEL_AFFINE_FLOAT_QPARAMS else 1
+        return _triton_kernels.mix_pick(
+            x, None if axis is None else axis % x.ndim, lo, hi, amaxes, mode=mode, quant_min=spec.quant_min,
+            quant_max=spec.quant_max, zero_point=spec.symmetric_zero_point, divisor=qrange / 2 if mode == 0 else qrange,
+            eps=float(np.float32(spec.eps)))[:3]
+    ranges = [clip_range(lo, hi, a, xp) for a in amaxes]
     lo_k = xp.stack([r[0] for r in ranges], axis=-1)
     hi_k = xp.stack([r[1] for r in ranges], axis=-1)
     amax = xp.maximum(-lo, hi) if x.dtype == lo.dtype else None  # exact: the range of x itself (as float32)
@@ -439,10 +493,6 @@ def batch_update(state: MinMaxState, x: Array, /, *, axis: int | None, config: C
     choice = amax = None
     if config.method == "mix":
         lo, hi, choice = mix_range(x, hist, lo, hi, axis=axis, config=config, xp=xp, collective=collective)
-    elif config.method == "percentile" and triton_route(hist.counts, xp=xp) and _percentile_kernel_applies(config):
-        from .. import _triton_kernels  # torch CUDA: the search in one kernel
-
-        amax = _triton_kernels.percentile_amax(hist.counts, hist.lo, hist.width, config.percentile / 100)
     else:
         amax = search_amax(config.method, hist, config, xp)
     return _clipped_average(state, lo, hi, amax, config.averaging_constant, xp), choice
