@@ -115,18 +115,31 @@ def assert_same_state(a, b, what: str) -> None:
         np.testing.assert_array_equal(b[key], a[key], err_msg=f"{what}: {key}")
 
 
-@pytest.mark.parametrize("sequence", list(sequences()))
-@pytest.mark.parametrize("config", CONFIGS, ids=config_id)
+#: Per channel, the KL, MSE and Mix searches run every (channel, candidate) through Triton's interpreter
+#: (10-40 s a sequence): the default run takes two sequences of each, ``-m slow`` all of them.
+_SLOW_PER_CHANNEL = ("KLObserver-per_channel", "MSEObserver-per_channel", "MixObserver-per_channel")
+_DEFAULT_PER_CHANNEL_SEQUENCES = ("nan", "int_and_half")
+
+
+def _fixed_cases():
+    for config in CONFIGS:
+        for sequence in sequences():
+            slow = config_id(config) in _SLOW_PER_CHANNEL and sequence not in _DEFAULT_PER_CHANNEL_SEQUENCES
+            yield pytest.param(config, sequence, marks=[pytest.mark.slow] if slow else [],
+                               id=f"{config_id(config)}-{sequence}")
+
+
+@pytest.mark.parametrize("config, sequence", list(_fixed_cases()))
 def test_device_path_equals_host_path(config, sequence):
     name, kwargs = config
     kwargs = dict(kwargs, ignore_nonfinite=sequence != "nan") if "ignore_nonfinite" in kwargs else kwargs
     assert_paths_agree(config, sequences()[sequence], kwargs, sequence)
 
 
-#: Adversarial runs left to ``-m slow``: per channel, MSE and Mix run the MSE search's level sums of every
+#: Adversarial runs left to ``-m slow``: per channel, KL, MSE and Mix run their searches over every
 #: (channel, candidate) through Triton's interpreter (~40 s of CPU for the ten examples, as the array code);
 #: their kernels are checked in the default run against the array code on NaN/inf/huge batches below.
-_SLOW_ADVERSARIAL = ("MSEObserver-per_channel", "MixObserver-per_channel")
+_SLOW_ADVERSARIAL = ("MSEObserver-per_channel", "MixObserver-per_channel", "KLObserver-per_channel")
 
 
 @pytest.mark.parametrize("config", [pytest.param(c, marks=pytest.mark.slow) if config_id(c) in _SLOW_ADVERSARIAL else c
