@@ -139,7 +139,8 @@ def _bits(a):
 @pytest.mark.parametrize("name,kind", TRITON_CASES)
 def test_triton_screen_on_the_cuda_path(name, kind, monkeypatch):
     """On the torch CUDA path (here: CPU tensors under ``cuda_path_on_cpu``, Triton's interpreter) the search
-    is one Triton launch and one host read, and gives the array code's bits (triton off)."""
+    is the screen and the pick kernels (plus the exact rows' kernel when a group is undecided) and one host
+    read, and gives the array code's bits (triton off)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
     from observers_core import _namespace
@@ -159,7 +160,43 @@ def test_triton_screen_on_the_cuda_path(name, kind, monkeypatch):
         with count_launches() as launches:
             got = llm.grid_search(o, cfg, weights=ww)
     _namespace._triton_available.cache_clear()
-    assert dict(launches.triton) == {"_grid_screen_kernel": 1} and launches.syncs <= 1
+    kernels = dict(launches.triton)
+    assert kernels.pop("_exact_rows_kernel", 1) == 1 and launches.syncs <= 1
+    assert kernels == {"_search_screen_kernel": 1, "_search_pick_kernel": 1}
+    for a, b in zip(got, want):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("seed,undecided", [(0, 0), (1, 2)])
+def test_triton_search_launches(seed, undecided, monkeypatch):
+    """A 64 x 256 int4 g128 weight on the torch CUDA path (20 steps): 5 launches (``amin``, ``amax``, the
+    screen, a row ``amax``, the pick) and 1 host read when the screen decides every group (seed 0); the
+    array code's error rows of the undecided groups add ``error_table``'s launches and one kernel
+    (seed 1: 2 groups); the array code's bits either way."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from observers_core import _namespace, _triton_llm
+    from observers_core.testing import count_launches, cuda_path_on_cpu
+
+    cfg = CONFIGS["int4-group"]
+    o = llm.flatten(torch.from_numpy(np.random.default_rng(seed).standard_normal((64, 256)).astype(np.float32)), cfg)
+    rows = []
+    exact_rows = _triton_llm.exact_rows
+    monkeypatch.setattr(_triton_llm, "exact_rows", lambda imp, err, idx: rows.append(idx.shape[0]) or exact_rows(imp, err, idx))
+    with cuda_path_on_cpu():
+        with count_launches() as launches:
+            got = llm.grid_search(o, cfg)
+        monkeypatch.setenv("OBSERVERS_CORE_NO_TRITON", "1")
+        _namespace._triton_available.cache_clear()
+        with count_launches() as plain:
+            want = llm.grid_search(o, cfg)
+    _namespace._triton_available.cache_clear()
+    assert sum(rows) == undecided and launches.syncs == 1 and plain.syncs == 0
+    if undecided:
+        assert launches.launches <= 50
+    else:
+        assert launches.launches == 5 and dict(launches.aten) == {"amin": 1, "amax": 2}
+    assert plain.launches > 300
     for a, b in zip(got, want):
         assert torch.equal(_bits(a), _bits(b))
 
