@@ -17,7 +17,7 @@ import triton.language as tl
 
 from ._triton_kernels import float32_parts, launch
 
-__all__ = ["screen", "exact_rows", "pick"]
+__all__ = ["screen", "exact_diff", "exact_rows", "pick"]
 
 _GPU_TILE = 2048  # values per program tile
 _CPU_TILE = 1 << 16  # the interpreter runs programs one after another: fewer, larger ones
@@ -62,6 +62,49 @@ def _factor(i, grid_a, grid_b, grid_c):
     zero = tl.zeros([1], dtype=tl.float64)
     grid = ((zero + grid_a) + grid_b) + grid_c
     return (1.0 - (zero + i) / grid).to(tl.float32)
+
+
+@triton.jit
+def _candidate(base_lo, base_hi, p, qmin, qmax, divisor, zp_lo, zp_hi, eps, HAS_ZP: tl.constexpr):
+    """``calculate_qparams`` of the range ``[base_lo, base_hi] * p`` (float32): ``divisor`` is ``(qmax - qmin) /
+    2`` symmetric, ``qmax - qmin`` asymmetric; a zero scale becomes ``eps``; the zero point ``clamp(qmin -
+    min / s)`` rounded to even in ``[zp_lo, zp_hi]``, NaN to 0 as torch casts it."""
+    c_lo = base_lo * p
+    c_hi = base_hi * p
+    c_lo = tl.where(c_lo != c_lo, c_lo, tl.minimum(c_lo, 0.0))  # torch.min / max keep NaN
+    c_hi = tl.where(c_hi != c_hi, c_hi, tl.maximum(c_hi, 0.0))
+    if HAS_ZP:
+        s = tl.div_rn(c_hi - c_lo, tl.zeros_like(c_lo) + divisor)
+        zq = qmin - tl.div_rn(c_lo, s)
+        zq_nan = zq != zq
+        zq = tl.minimum(tl.maximum(tl.minimum(tl.maximum(zq, qmin), qmax), zp_lo), zp_hi)
+        z = tl.where(zq_nan, 0.0, _round_even(zq))
+    else:
+        amax = tl.where(c_lo != c_lo, c_lo, tl.where(c_hi != c_hi, c_hi, tl.maximum(tl.abs(c_lo), c_hi)))
+        s = tl.div_rn(amax, tl.zeros_like(c_lo) + divisor)
+        z = tl.zeros_like(c_lo)
+    return tl.where(s == 0.0, eps, s), z
+
+
+@triton.jit
+def _fake_quantize(v, s, z, qmin, qmax, emin, mbits, HAS_ZP: tl.constexpr, IS_FLOAT: tl.constexpr):
+    """``fake_quantize`` with the array code's float32 operations: ``(round(clamp(v / s + z)) - z) * s``,
+    rounded to even or to the nearest E2M1 / E4M3 value (quantum ``2 ** (max(e, emin) - mbits)``, ``e`` the
+    binade of ``|y|``)."""
+    y = tl.div_rn(v, s)
+    if HAS_ZP:
+        y = y + z
+    y = tl.where(y != y, y, tl.minimum(tl.maximum(y, qmin), qmax))  # torch.clamp keeps NaN
+    if IS_FLOAT:
+        e = ((tl.abs(y).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        e = tl.maximum(e, emin)
+        quantum = ((e - mbits + 127) << 23).to(tl.float32, bitcast=True)
+        q = _round_even(tl.div_rn(y, quantum)) * quantum
+    else:
+        q = _round_even(y)
+    if HAS_ZP:
+        q = q - z
+    return q * s
 
 
 @triton.jit
@@ -112,19 +155,8 @@ def _search_screen_kernel(x_ptr, w_ptr, lo_ptr, hi_ptr, s_ptr, z_ptr, improved_p
     min_hi = min_lo
     for t in range(T):
         if CANDIDATES:
-            p = _factor(t, grid_a, grid_b, grid_c)
-            c_lo = tl.minimum(base_lo * p, 0.0)
-            c_hi = tl.maximum(base_hi * p, 0.0)
-            if HAS_ZP:
-                s = tl.div_rn(c_hi - c_lo, tl.zeros([BLOCK_G], dtype=tl.float32) + divisor)
-                zq = qmin - tl.div_rn(c_lo, s)
-                zq_nan = zq != zq
-                zq = tl.minimum(tl.maximum(tl.minimum(tl.maximum(zq, qmin), qmax), zp_lo), zp_hi)
-                z = tl.where(zq_nan, 0.0, _round_even(zq))
-            else:
-                s = tl.div_rn(tl.maximum(tl.abs(c_lo), c_hi), tl.zeros([BLOCK_G], dtype=tl.float32) + divisor)
-                z = tl.zeros([BLOCK_G], dtype=tl.float32)
-            s = tl.where(s == 0.0, eps, s)
+            s, z = _candidate(base_lo, base_hi, _factor(t, grid_a, grid_b, grid_c), qmin, qmax, divisor, zp_lo,
+                              zp_hi, eps, HAS_ZP)
         else:
             s = tl.load(s_ptr + t * G + g64, mask=gmask, other=1.0)
             if HAS_ZP:
@@ -140,20 +172,8 @@ def _search_screen_kernel(x_ptr, w_ptr, lo_ptr, hi_ptr, s_ptr, z_ptr, improved_p
             mask = gmask[:, None] & (j < N)[None, :]
             off = (j // GS).to(tl.int64)[None, :] * G * GS + g64[:, None] * GS + (j % GS)[None, :]
             v = tl.load(x_ptr + off, mask=mask, other=0.0)
-            y = tl.div_rn(v, s[:, None])
-            if HAS_ZP:
-                y = y + z[:, None]
-            y = tl.minimum(tl.maximum(y, qmin), qmax)
-            if IS_FLOAT:  # the nearest E2M1 / E4M3 value: quantum 2 ** (max(e, emin) - mbits), e the binade of |y|
-                e = ((tl.abs(y).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-                e = tl.maximum(e, emin)
-                quantum = ((e - mbits + 127) << 23).to(tl.float32, bitcast=True)
-                q = _round_even(tl.div_rn(y, quantum)) * quantum
-            else:
-                q = _round_even(y)
-            if HAS_ZP:
-                q = q - z[:, None]
-            d = tl.abs(q * s[:, None] - v).to(tl.float64)
+            fq = _fake_quantize(v, s[:, None], z[:, None], qmin, qmax, emin, mbits, HAS_ZP, IS_FLOAT)
+            d = tl.abs(fq - v).to(tl.float64)
             term = _pow_approx(tl.where(d > 0.0, d, 1.0), norm)
             if HAS_W:
                 term = term * tl.load(w_ptr + off, mask=mask, other=0.0).to(tl.float64)
@@ -167,6 +187,33 @@ def _search_screen_kernel(x_ptr, w_ptr, lo_ptr, hi_ptr, s_ptr, z_ptr, improved_p
         min_hi = tl.minimum(min_hi, hi)
         tl.store(improved_ptr + t * G + g64, sure.to(tl.uint8), mask=gmask)
     tl.store(unsure_ptr + g64, bad.to(tl.uint8), mask=gmask)
+
+
+@triton.jit
+def _exact_diff_kernel(x_ptr, lo_ptr, hi_ptr, s_ptr, z_ptr, idx_ptr, d_ptr, G, E, N, GS, T, expand, grid_a, grid_b,
+                       grid_c, qmin, qmax, divisor, zp_lo, zp_hi, eps, emin, mbits, HAS_ZP: tl.constexpr,
+                       IS_FLOAT: tl.constexpr, CANDIDATES: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``d[t, i // GS, e, i % GS] = |fq_t(v_i) - v_i|`` (float32, the array code's bits) for group ``idx[e]``
+    (program ``(e, t)``), the candidates as in ``_search_screen_kernel``: the array code's ``|q - x|`` of
+    those groups, laid out as ``error_table`` lays it out."""
+    e = tl.program_id(0)
+    t = tl.program_id(1)
+    g = tl.load(idx_ptr + e).to(tl.int64)
+    if CANDIDATES:
+        base_lo = tl.load(lo_ptr + g) * expand
+        base_hi = tl.load(hi_ptr + g) * expand
+        s, z = _candidate(base_lo, base_hi, _factor(t, grid_a, grid_b, grid_c), qmin, qmax, divisor, zp_lo, zp_hi,
+                          eps, HAS_ZP)
+    else:
+        s = tl.load(s_ptr + t * G + g)
+        z = tl.load(z_ptr + t * G + g)
+    for n0 in range(0, N, BLOCK_N):
+        j = n0 + tl.arange(0, BLOCK_N)
+        mask = j < N
+        row = (j // GS).to(tl.int64)
+        v = tl.load(x_ptr + row * G * GS + g * GS + j % GS, mask=mask, other=0.0)
+        fq = _fake_quantize(v, s, z, qmin, qmax, emin, mbits, HAS_ZP, IS_FLOAT)
+        tl.store(d_ptr + ((t * (N // GS) + row) * E + e) * GS + j % GS, tl.abs(fq - v), mask=mask)
 
 
 @triton.jit
@@ -257,6 +304,32 @@ def screen(observed: torch.Tensor, weights: torch.Tensor | None, lo: torch.Tenso
            float(norm), emin, mbits, float(rel32), float(slack), HAS_ZP=bool(has_zp), HAS_W=weights is not None,
            IS_FLOAT=element is not None, CANDIDATES=candidates is not None, BLOCK_G=block_g, BLOCK_N=block_n)
     return improved, unsure
+
+
+def exact_diff(observed: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, idx: torch.Tensor, *, steps: int,
+               expand: float, grid: float, qmin: float, qmax: float, element: tuple[int, int] | None,
+               candidates: tuple[int, float, float, float] | None = None, scale: torch.Tensor | None = None,
+               zero_point: torch.Tensor | None = None, has_zp: bool = False, **_: object) -> torch.Tensor:
+    """One launch of ``_exact_diff_kernel``: ``|fq_t(x) - x|`` ``(steps, n, len(idx), group)`` float32 for the
+    groups ``idx`` of the flattened ``observed`` (the arguments as :func:`screen`'s)."""
+    n, gs = observed.shape[0], observed.shape[-1]
+    g, e = lo.numel(), idx.shape[0]
+    x = observed.reshape(n, g, gs).contiguous()
+    d = torch.empty((steps, n, e, gs), dtype=torch.float32, device=x.device)
+    emin, mbits = element if element is not None else (0, 0)
+    if candidates is not None:
+        has_zp, divisor, zp_lo, zp_hi = candidates
+        scale = zero_point = x  # unread
+    else:
+        divisor = zp_lo = zp_hi = 1.0
+        zero_point = zero_point.to(torch.float32).contiguous()
+        scale = scale.contiguous()
+    launch(_exact_diff_kernel, (e, steps), x, lo.reshape(g), hi.reshape(g), scale, zero_point,
+           idx.to(torch.int64).contiguous(), d, g, e, n * gs, gs, steps, float(np.float32(expand)),
+           *float32_parts(float(grid)), float(qmin), float(qmax), float(divisor), float(zp_lo), float(zp_hi), 2.0**-23,
+           emin, mbits, HAS_ZP=bool(has_zp), IS_FLOAT=element is not None, CANDIDATES=candidates is not None,
+           BLOCK_N=min(triton.next_power_of_2(n * gs), 1024))
+    return d
 
 
 def exact_rows(improved: torch.Tensor, err: torch.Tensor, idx: torch.Tensor) -> None:

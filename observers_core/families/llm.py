@@ -488,15 +488,22 @@ def error_table(observed: Array, min_vals: Array, max_vals: Array, config: Confi
             z4 = None if cfg.symmetric else z[:, None, :, None]
             q = fake_quantize(xg[None, ...], s4, z4, cfg, xp=xp)
             if cfg.search == "imatrix":
-                d = xp.abs(xp.astype(q, xp.float32) - xp.astype(xg, xp.float32, copy=False)[None, ...]) ** cfg.norm
-                if wg is not None:
-                    d = d * wg[None, ...]
+                diff = xp.abs(xp.astype(q, xp.float32) - xp.astype(xg, xp.float32, copy=False)[None, ...])
             else:
-                d = xp.abs(q - xg[None, ...]) ** cfg.norm
-            cols.append(xp.sum(d, axis=(1, 3)))
+                diff = xp.abs(q - xg[None, ...])
+            cols.append(_error_sums(diff, wg, cfg, xp))
         rows.append(cols[0] if len(cols) == 1 else xp.concat(cols, axis=0))
     err = rows[0] if len(rows) == 1 else xp.concat(rows, axis=1)
     return xp.reshape(err, (t,) + tuple(min_vals.shape)), cmin, cmax
+
+
+def _error_sums(diff: Array, weights: Array | None, config: Config, xp: Any) -> Array:
+    """``sum over axes (1, 3) of diff ** norm`` (times ``weights`` ``(n, groups, group)`` for
+    ``search="imatrix"``) of ``|fq(x) - x|`` laid out ``(candidates, n, groups, group)``."""
+    d = diff ** config.norm
+    if config.search == "imatrix" and weights is not None:
+        d = d * weights[None, ...]
+    return xp.sum(d, axis=(1, 3))
 
 
 def improvements(err: Array, /, *, xp: Any = None) -> Array:
@@ -646,20 +653,30 @@ def _device_search(observed: Array, lo: Array, hi: Array, config: Config, weight
                                                       and cfg.zp_dtype in _INT_RANGE)):
         zp_lo, zp_hi = _INT_RANGE.get(cfg.zp_dtype, (0, 0))
         divisor = (qmax - qmin) / 2 if cfg.symmetric else qmax - qmin
-        improved, unsure = _triton_llm.screen(observed, weights, lo, hi, **args,
-                                              candidates=(not cfg.symmetric, divisor, zp_lo, zp_hi))
+        qp = dict(candidates=(not cfg.symmetric, divisor, zp_lo, zp_hi))
     else:
         factors = xp.asarray(config.shrink_factors(), dtype=xp.float32, device=device_of(observed))
         cmin = xp.reshape(_candidates(lo * config.expand, factors, xp), (t, g))
         cmax = xp.reshape(_candidates(hi * config.expand, factors, xp), (t, g))
         s, z = calculate_qparams(cmin, cmax, cfg, xp=xp)
-        improved, unsure = _triton_llm.screen(observed, weights, lo, hi, **args, scale=s, zero_point=z,
-                                              has_zp=not cfg.symmetric)
+        qp = dict(scale=s, zero_point=z, has_zp=not cfg.symmetric)
+    improved, unsure = _triton_llm.screen(observed, weights, lo, hi, **args, **qp)
     exact = xp.nonzero(unsure)[0]  # the host read
-    if exact.shape[0]:
-        mn = xp.take(xp.reshape(lo, (g,)), exact, axis=0) * config.expand
-        mx = xp.take(xp.reshape(hi, (g,)), exact, axis=0) * config.expand
-        _triton_llm.exact_rows(improved, _exact_errors(observed, weights, exact, mn, mx, config, xp), exact)
+    e = exact.shape[0]
+    if e:
+        n, gs = observed.shape[0], observed.shape[-1]
+        if n * gs * t <= config.chunk_elements:  # error_table's chunks: every candidate, groups by chunk_elements
+            per = max(1, config.chunk_elements // (n * gs * t))
+            cols = [_error_sums(
+                _triton_llm.exact_diff(observed, lo, hi, exact[e0:e0 + per], **args, **qp),
+                None if weights is None else xp.take(xp.reshape(weights, (n, g, gs)), exact[e0:e0 + per], axis=1),
+                config, xp) for e0 in range(0, e, per)]
+            err = cols[0] if len(cols) == 1 else xp.concat(cols, axis=1)
+        else:
+            mn = xp.take(xp.reshape(lo, (g,)), exact, axis=0) * config.expand
+            mx = xp.take(xp.reshape(hi, (g,)), exact, axis=0) * config.expand
+            err = _exact_errors(observed, weights, exact, mn, mx, config, xp)
+        _triton_llm.exact_rows(improved, err, exact)
     best_lo, best_hi = _triton_llm.pick(improved, lo, hi, expand=config.expand, grid=config.grid,
                                         patience=config.patience, stops=config.patience > 0 or config.search != "imatrix")
     return xp.reshape(best_lo, tuple(lo.shape)), xp.reshape(best_hi, tuple(hi.shape))
