@@ -1,7 +1,10 @@
-"""Triton kernel of the LLM family's MSE grid search on the torch CUDA path: one launch per tensor screens
-every candidate of every group (:func:`grid_screen`), as :func:`observers_core._compiled.grid_screen_kernel`
-does on the host (the same arithmetic; see ``observers_core.families.llm._screened_search`` for how the
-screen's bounds decide the search and which groups the array code evaluates exactly).
+"""Triton kernels of the LLM family's MSE grid search on the torch CUDA path
+(``observers_core.families.llm._device_search``): :func:`screen` (one launch per tensor) computes every
+candidate's qparams and screens every candidate of every group, as
+:func:`observers_core._compiled.grid_screen_kernel` does on the host (the same arithmetic; see
+``llm._screened_search`` for the bounds), and decides each step; :func:`exact_diff` gives the undecided
+groups' ``|fq(x) - x|`` for torch's ``pow`` and ``sum`` (the array code's errors), :func:`exact_rows` their
+improvements; :func:`pick` runs llm-compressor's stopping rule and writes each group's range.
 
 Imported lazily, only on the torch CUDA path (``_namespace.triton_route``: torch CUDA tensors, or CPU
 tensors inside :func:`observers_core.testing.cuda_path_on_cpu`, run through Triton's interpreter by

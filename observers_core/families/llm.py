@@ -10,9 +10,10 @@ Every value is first flattened as llm-compressor's ``flatten_for_calibration`` d
   ``search="imatrix"``); llm-compressor's early stop after ``patience`` steps in which no group improved).
   Every candidate is evaluated at once (in chunks of ``chunk_elements`` values); the stopping rule is
   applied to the error table afterwards: the same choice as the eager loop, no host read per step.
-  float32 host arrays (numba) and the torch CUDA path (one Triton launch) screen every candidate with a
+  float32 host arrays (numba) and the torch CUDA path (a few Triton launches) screen every candidate with a
   fused kernel instead (exact ``fq``, an approximate ``|d| ** norm`` with an error bound) and compute the
-  array code's exact errors only for the groups whose choice the bounds leave open (:func:`_screened_search`).
+  array code's exact errors only for the groups whose choice the bounds leave open
+  (:func:`_screened_search`, :func:`_device_search`).
 - ``update`` (``mode``): ``"memoryless"`` keeps the last batch's range, ``"static"`` the running
   ``min``/``max``, ``"moving"`` the moving average ``old * (1 - c) + new * c`` (the first batch sets it).
 - ``qparams``: compressed-tensors' ``calculate_qparams`` step for step (:func:`calculate_qparams`):
