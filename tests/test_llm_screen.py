@@ -136,10 +136,16 @@ def _bits(a):
     return a.view(__import__("torch").int32)
 
 
+def _same_or_both_nan(a, b):
+    nan = a.isnan()
+    return bool((nan == b.isnan()).all()) and __import__("torch").equal(_bits(a[~nan]), _bits(b[~nan]))
+
+
 @pytest.mark.parametrize("name,kind", TRITON_CASES)
 def test_triton_screen_on_the_cuda_path(name, kind, monkeypatch):
     """On the torch CUDA path (here: CPU tensors under ``cuda_path_on_cpu``, Triton's interpreter) the search
-    is one Triton launch and one host read, and gives the array code's bits (triton off)."""
+    is the screen and the pick kernels (plus the exact rows' kernels when a group is undecided) and one host
+    read, and gives the array code's bits (triton off)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
     from observers_core import _namespace
@@ -159,9 +165,89 @@ def test_triton_screen_on_the_cuda_path(name, kind, monkeypatch):
         with count_launches() as launches:
             got = llm.grid_search(o, cfg, weights=ww)
     _namespace._triton_available.cache_clear()
-    assert dict(launches.triton) == {"_grid_screen_kernel": 1} and launches.syncs <= 1
+    kernels = dict(launches.triton)
+    exact = kernels.pop("_exact_diff_kernel", 0)
+    assert kernels.pop("_exact_rows_kernel", 0) == (exact > 0) and launches.syncs <= 1
+    assert kernels == {"_search_screen_kernel": 1, "_search_pick_kernel": 1}
     for a, b in zip(got, want):
         assert torch.equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("seed,undecided", [(0, 0), (1, 2)])
+def test_triton_search_launches(seed, undecided, monkeypatch):
+    """A 64 x 256 int4 g128 weight on the torch CUDA path (20 steps): 5 launches (``amin``, ``amax``, the
+    screen, a row ``amax``, the pick) and 1 host read when the screen decides every group (seed 0); the
+    undecided groups' exact errors add 4 (seed 1: 2 groups; the ``|fq(x) - x|`` kernel, torch's ``pow``
+    and ``sum``, the rows' kernel); the array code: about 400 launches; its bits either way."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from observers_core import _namespace, _triton_llm
+    from observers_core.testing import count_launches, cuda_path_on_cpu
+
+    cfg = CONFIGS["int4-group"]
+    o = llm.flatten(torch.from_numpy(np.random.default_rng(seed).standard_normal((64, 256)).astype(np.float32)), cfg)
+    rows = []
+    exact_rows = _triton_llm.exact_rows
+    monkeypatch.setattr(_triton_llm, "exact_rows", lambda imp, err, idx: rows.append(idx.shape[0]) or exact_rows(imp, err, idx))
+    with cuda_path_on_cpu():
+        with count_launches() as launches:
+            got = llm.grid_search(o, cfg)
+        monkeypatch.setenv("OBSERVERS_CORE_NO_TRITON", "1")
+        _namespace._triton_available.cache_clear()
+        with count_launches() as plain:
+            want = llm.grid_search(o, cfg)
+    _namespace._triton_available.cache_clear()
+    assert sum(rows) == undecided and launches.syncs == 1 and plain.syncs == 0
+    extra = {"pow": 1, "sum": 1} if undecided else {}
+    assert dict(launches.aten) == {"amin": 1, "amax": 2, **extra}
+    assert launches.launches == (9 if undecided else 5) and plain.launches > 300
+    for a, b in zip(got, want):
+        assert torch.equal(_bits(a), _bits(b))
+
+
+@pytest.mark.parametrize("name", ["int4-group", "int4-asym-p1", "int2-tensor-p0", "nvfp4-expanded", "mxfp4", "fp8-asym"])
+def test_triton_exact_diff_is_the_array_code(name):
+    """The undecided groups' ``|fq_t(x) - x|`` from the kernel (candidate qparams computed in it, or read from
+    ``calculate_qparams``'s for MX / scale dtypes / float zero points) equals the array code's bits, every
+    candidate, for groups with NaN/Inf, subnormal and random values (a NaN's bits may differ: its ``** norm`` is
+    NaN, which never improves)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from observers_core import _triton_llm
+    from observers_core._namespace import array_namespace
+    from observers_core.testing import cuda_path_on_cpu
+
+    cfg = CONFIGS[name]
+    search = llm._search_config(cfg)
+    w = _weight("nonfinite", 0, (8, 256))
+    w[7] = np.float32(2.0**-140) * w[7]
+    o = llm.flatten(torch.from_numpy(w), cfg)
+    n, gs = o.shape[0], o.shape[-1]
+    lo, hi = torch.amin(o, dim=(0, o.ndim - 1)), torch.amax(o, dim=(0, o.ndim - 1))
+    g, t = lo.numel(), len(cfg.shrink_factors())
+    factors = torch.tensor(cfg.shrink_factors(), dtype=torch.float32)
+    xp = array_namespace(lo)
+    cmin = llm._candidates(lo.reshape(g) * cfg.expand, factors, xp)
+    cmax = llm._candidates(hi.reshape(g) * cfg.expand, factors, xp)
+    s, z = llm.calculate_qparams(cmin, cmax, search)
+    x3 = o.reshape(n, g, gs)
+    want = torch.abs(llm.fake_quantize(x3[None], s[:, None, :, None], None if search.symmetric else
+                                       z[:, None, :, None], search) - x3[None])
+    qmin, qmax = llm.quant_range(search)
+    fmt = llm._element(search)
+    args = dict(steps=t, expand=cfg.expand, grid=cfg.grid, qmin=qmin, qmax=qmax,
+                element=None if fmt is None else (fmt.emin, fmt.mbits))
+    nonfinite = torch.nonzero(~torch.isfinite(x3).all(dim=(0, 2)))[:, 0]
+    idx = torch.unique(torch.cat([nonfinite, torch.tensor([g - 1, g - 2, 0, 1, g // 2]).clamp(0, g - 1)])).flip(0)
+    with cuda_path_on_cpu():
+        got_tables = _triton_llm.exact_diff(o, lo, hi, idx, **args, scale=s, zero_point=z, has_zp=not search.symmetric)
+        want = want[:, :, idx]
+        assert _same_or_both_nan(got_tables, want)
+        if search.scale_dtype is None and (search.symmetric or search.type == "int"):
+            zp = llm._INT_RANGE.get(search.zp_dtype, (0, 0))
+            divisor = (qmax - qmin) / 2 if search.symmetric else qmax - qmin
+            got = _triton_llm.exact_diff(o, lo, hi, idx, **args, candidates=(not search.symmetric, divisor, *zp))
+            assert _same_or_both_nan(got, want)
 
 
 def test_triton_screen_activations(monkeypatch):

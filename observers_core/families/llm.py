@@ -10,9 +10,10 @@ Every value is first flattened as llm-compressor's ``flatten_for_calibration`` d
   ``search="imatrix"``); llm-compressor's early stop after ``patience`` steps in which no group improved).
   Every candidate is evaluated at once (in chunks of ``chunk_elements`` values); the stopping rule is
   applied to the error table afterwards: the same choice as the eager loop, no host read per step.
-  float32 host arrays (numba) and the torch CUDA path (one Triton launch) screen every candidate with a
+  float32 host arrays (numba) and the torch CUDA path (a few Triton launches) screen every candidate with a
   fused kernel instead (exact ``fq``, an approximate ``|d| ** norm`` with an error bound) and compute the
-  array code's exact errors only for the groups whose choice the bounds leave open (:func:`_screened_search`).
+  array code's exact errors only for the groups whose choice the bounds leave open
+  (:func:`_screened_search`, :func:`_device_search`).
 - ``update`` (``mode``): ``"memoryless"`` keeps the last batch's range, ``"static"`` the running
   ``min``/``max``, ``"moving"`` the moving average ``old * (1 - c) + new * c`` (the first batch sets it).
 - ``qparams``: compressed-tensors' ``calculate_qparams`` step for step (:func:`calculate_qparams`):
@@ -488,15 +489,22 @@ def error_table(observed: Array, min_vals: Array, max_vals: Array, config: Confi
             z4 = None if cfg.symmetric else z[:, None, :, None]
             q = fake_quantize(xg[None, ...], s4, z4, cfg, xp=xp)
             if cfg.search == "imatrix":
-                d = xp.abs(xp.astype(q, xp.float32) - xp.astype(xg, xp.float32, copy=False)[None, ...]) ** cfg.norm
-                if wg is not None:
-                    d = d * wg[None, ...]
+                diff = xp.abs(xp.astype(q, xp.float32) - xp.astype(xg, xp.float32, copy=False)[None, ...])
             else:
-                d = xp.abs(q - xg[None, ...]) ** cfg.norm
-            cols.append(xp.sum(d, axis=(1, 3)))
+                diff = xp.abs(q - xg[None, ...])
+            cols.append(_error_sums(diff, wg, cfg, xp))
         rows.append(cols[0] if len(cols) == 1 else xp.concat(cols, axis=0))
     err = rows[0] if len(rows) == 1 else xp.concat(rows, axis=1)
     return xp.reshape(err, (t,) + tuple(min_vals.shape)), cmin, cmax
+
+
+def _error_sums(diff: Array, weights: Array | None, config: Config, xp: Any) -> Array:
+    """``sum over axes (1, 3) of diff ** norm`` (times ``weights`` ``(n, groups, group)`` for
+    ``search="imatrix"``) of ``|fq(x) - x|`` laid out ``(candidates, n, groups, group)``."""
+    d = diff ** config.norm
+    if config.search == "imatrix" and weights is not None:
+        d = d * weights[None, ...]
+    return xp.sum(d, axis=(1, 3))
 
 
 def improvements(err: Array, /, *, xp: Any = None) -> Array:
@@ -553,11 +561,17 @@ def select_candidates(err: Array, cand_min: Array, cand_max: Array, min_vals: Ar
 
 def grid_search(observed: Array, config: Config, /, *, weights: Array | None = None,
                 xp: Any = None) -> tuple[Array, Array]:
-    """The searched ``(min_vals, max_vals)`` of a flattened batch (see the module docstring). Host arrays
-    (NumPy, torch CPU) of float32 take :func:`_screened_search` where numba is available."""
+    """The searched ``(min_vals, max_vals)`` of a flattened batch (see the module docstring). float32 takes
+    :func:`_device_search` on the torch CUDA path, :func:`_screened_search` on host arrays (NumPy, torch
+    CPU) where numba is available."""
     xp = array_namespace(observed, xp=xp)
-    mn = xp.min(observed, axis=(0, observed.ndim - 1)) * config.expand
-    mx = xp.max(observed, axis=(0, observed.ndim - 1)) * config.expand
+    lo = xp.min(observed, axis=(0, observed.ndim - 1))
+    hi = xp.max(observed, axis=(0, observed.ndim - 1))
+    if config.shrink_factors():
+        searched = _device_search(observed, lo, hi, config, weights, xp)
+        if searched is not None:
+            return searched
+    mn, mx = lo * config.expand, hi * config.expand
     if not config.shrink_factors():
         return mn, mx
     screened = _screened_search(observed, mn, mx, config, weights, xp)
@@ -572,13 +586,108 @@ _SCREEN_MAX_MARGIN = 2.0**-10
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
+def _screen_margin(observed: Array, config: Config, weights: Array | None) -> float | None:
+    """The screen's relative margin ``r = gamma_(c + 20) + SCREEN_ERROR`` for sums of ``c`` values per group
+    (see :func:`_screened_search`); ``None`` where the screen does not apply (not float32, ``norm`` above 6,
+    a margin above ``_SCREEN_MAX_MARGIN``, subnormals flushed)."""
+    from .. import _compiled
+
+    if _dtype_name(observed.dtype) != "float32" or (weights is not None and _dtype_name(weights.dtype) != "float32"):
+        return None
+    k = (observed.shape[0] * observed.shape[-1] + 20) * 2.0**-24
+    rel = k / (1 - k) + _compiled.SCREEN_ERROR
+    if rel > _SCREEN_MAX_MARGIN or not 0 < config.norm <= 6 or _flushes_subnormals():
+        return None
+    return rel
+
+
+def _search_config(config: Config) -> Config:
+    """The config the candidates are quantized with: NVFP4's block scales without the global scale."""
+    if config.strategy == "tensor_group" and config.scale_dtype is not None:
+        return replace(config, scale_dtype=None)
+    return config
+
+
+def _exact_errors(observed: Array, weights: Array | None, idx: Array, mn: Array, mx: Array, config: Config,
+                  xp: Any) -> Array:
+    """The array code's error rows (:func:`error_table`, ``(T, len(idx))``) of the groups ``idx`` of the
+    flattened ``observed`` (``mn``, ``mx``: those groups' ranges, after ``expand``)."""
+    n, gs = observed.shape[0], observed.shape[-1]
+    g = size(observed) // (n * gs)
+    sub = xp.take(xp.reshape(observed, (n, g, gs)), idx, axis=1)
+    w_sub = None if weights is None else xp.take(xp.reshape(weights, (n, g, gs)), idx, axis=1)
+    err, _, _ = error_table(sub, mn, mx, config, weights=w_sub, xp=xp)
+    return xp.reshape(err, (err.shape[0], -1))
+
+
+def _device_search(observed: Array, lo: Array, hi: Array, config: Config, weights: Array | None,
+                   xp: Any) -> tuple[Array, Array] | None:
+    """:func:`grid_search` on the torch CUDA path (float32), from the groups' ranges ``lo``, ``hi`` (before
+    ``expand``): one Triton launch screens every candidate of every group and decides each step where the
+    bounds of :func:`_screened_search` allow (``_triton_llm.screen``; the candidates' qparams computed in the
+    kernel for ints and symmetric floats without ``scale_dtype``, else by :func:`calculate_qparams`); the
+    undecided groups' rows come from the array code's errors (:func:`_exact_errors`, then
+    ``_triton_llm.exact_rows``); an ``amax`` and a second
+    launch apply the stopping rule and pick (``_triton_llm.pick``). Reading which groups are undecided is
+    the one host read. ``None`` off that path or where the screen does not apply."""
+    from .._namespace import triton_route
+
+    if not triton_route(observed, xp=xp):
+        return None
+    rel = _screen_margin(observed, config, weights)
+    if rel is None:
+        return None
+    from .. import _triton_llm
+
+    if getattr(observed, "requires_grad", False):  # a torch parameter: the search needs no graph
+        observed = observed.detach()
+    if weights is not None and getattr(weights, "requires_grad", False):
+        weights = weights.detach()
+    cfg = _search_config(config)
+    t, g = len(config.shrink_factors()), size(lo)
+    qmin, qmax = quant_range(cfg)
+    fmt = _element(cfg)
+    args = dict(steps=t, expand=config.expand, grid=config.grid, qmin=qmin, qmax=qmax,
+                element=None if fmt is None else (fmt.emin, fmt.mbits), norm=float(np.float32(cfg.norm)), rel=rel,
+                slack=float(observed.shape[0] * observed.shape[-1]) * 2.0**-125)
+    if cfg.scale_dtype is None and (cfg.symmetric or (cfg.type == "int" and cfg.num_bits <= 16
+                                                      and cfg.zp_dtype in _INT_RANGE)):
+        zp_lo, zp_hi = _INT_RANGE.get(cfg.zp_dtype, (0, 0))
+        divisor = (qmax - qmin) / 2 if cfg.symmetric else qmax - qmin
+        qp = dict(candidates=(not cfg.symmetric, divisor, zp_lo, zp_hi))
+    else:
+        factors = xp.asarray(config.shrink_factors(), dtype=xp.float32, device=device_of(observed))
+        cmin = xp.reshape(_candidates(lo * config.expand, factors, xp), (t, g))
+        cmax = xp.reshape(_candidates(hi * config.expand, factors, xp), (t, g))
+        s, z = calculate_qparams(cmin, cmax, cfg, xp=xp)
+        qp = dict(scale=s, zero_point=z, has_zp=not cfg.symmetric)
+    improved, unsure = _triton_llm.screen(observed, weights, lo, hi, **args, **qp)
+    exact = xp.nonzero(unsure)[0]  # the host read
+    e = exact.shape[0]
+    if e:
+        n, gs = observed.shape[0], observed.shape[-1]
+        if n * gs * t <= config.chunk_elements:  # error_table's chunks: every candidate, groups by chunk_elements
+            per = max(1, config.chunk_elements // (n * gs * t))
+            cols = [_error_sums(
+                _triton_llm.exact_diff(observed, lo, hi, exact[e0:e0 + per], **args, **qp),
+                None if weights is None else xp.take(xp.reshape(weights, (n, g, gs)), exact[e0:e0 + per], axis=1),
+                config, xp) for e0 in range(0, e, per)]
+            err = cols[0] if len(cols) == 1 else xp.concat(cols, axis=1)
+        else:
+            mn = xp.take(xp.reshape(lo, (g,)), exact, axis=0) * config.expand
+            mx = xp.take(xp.reshape(hi, (g,)), exact, axis=0) * config.expand
+            err = _exact_errors(observed, weights, exact, mn, mx, config, xp)
+        _triton_llm.exact_rows(improved, err, exact)
+    best_lo, best_hi = _triton_llm.pick(improved, lo, hi, expand=config.expand, grid=config.grid,
+                                        patience=config.patience, stops=config.patience > 0 or config.search != "imatrix")
+    return xp.reshape(best_lo, tuple(lo.shape)), xp.reshape(best_hi, tuple(hi.shape))
+
+
 def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weights: Array | None,
                      xp: Any) -> tuple[Array, Array] | None:
-    """:func:`grid_search` through a screen of every candidate, the same result: on host arrays (NumPy,
-    torch CPU) the compiled :func:`~observers_core._compiled.grid_screen_kernel`, on the torch CUDA path
-    one Triton launch (:func:`observers_core._triton_llm.grid_screen`). ``None`` where neither applies
-    (float32 input only; no numba / triton, another namespace or device; ``norm`` above 6; sums too long
-    for a useful margin).
+    """:func:`grid_search` on host arrays (NumPy, torch CPU) through the compiled
+    :func:`~observers_core._compiled.grid_screen_kernel`, the same result. ``None`` where it does not apply
+    (float32 input only; no numba, another namespace or device; see :func:`_screen_margin`).
 
     The kernel computes every candidate's ``fq(x)`` exactly and ``sum w |fq(x) - x| ** norm`` approximately
     (``A``, float64, within the kernel's ``SCREEN_ERROR``); the array code's float32 error ``E`` (``pow``
@@ -588,31 +697,21 @@ def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weig
     subnormal term's error, generously). :func:`_screen_steps`
     decides each step from these bounds; a group with any undecided step (a near tie, a non-finite value)
     has its whole error row computed by :func:`error_table` (the array code's bits) and
-    :func:`improvements`; :func:`pick_steps` applies the stopping rule to the merged table. Reading which
-    groups are undecided is the one host read (a device sync on CUDA), once per tensor."""
+    :func:`improvements`; :func:`pick_steps` applies the stopping rule to the merged table."""
     from .. import _compiled
-    from .._namespace import triton_route
 
-    if _dtype_name(observed.dtype) != "float32" or (weights is not None and _dtype_name(weights.dtype) != "float32"):
-        return None
-    n, gs = observed.shape[0], observed.shape[-1]
-    count = n * gs
-    k = (count + 20) * 2.0**-24
-    rel = k / (1 - k) + _compiled.SCREEN_ERROR
-    if rel > _SCREEN_MAX_MARGIN or not 0 < config.norm <= 6 or _flushes_subnormals():
+    rel = _screen_margin(observed, config, weights)
+    if rel is None or _compiled.grid_screen_kernel is None:
         return None
     if getattr(observed, "requires_grad", False):  # a torch parameter: the search needs no graph
         observed = observed.detach()
     if weights is not None and getattr(weights, "requires_grad", False):
         weights = weights.detach()
-    on_device = triton_route(observed, xp=xp)
-    x_np = None if on_device or _compiled.grid_screen_kernel is None else _compiled.host_view(observed, xp)
+    x_np = _compiled.host_view(observed, xp)
     w_np = None if weights is None or x_np is None else _compiled.host_view(weights, xp)
-    if not on_device and (x_np is None or (weights is not None and w_np is None)):
+    if x_np is None or (weights is not None and w_np is None):
         return None
-    cfg = config
-    if cfg.strategy == "tensor_group" and cfg.scale_dtype is not None:
-        cfg = replace(cfg, scale_dtype=None)  # the search runs without the global scale
+    cfg = _search_config(config)
     factors_list = config.shrink_factors()
     t, g, dev = len(factors_list), size(mn), device_of(observed)
     factors = xp.asarray(factors_list, dtype=xp.float32, device=dev)
@@ -621,34 +720,18 @@ def _screened_search(observed: Array, mn: Array, mx: Array, config: Config, weig
     s, z = calculate_qparams(cmin, cmax, cfg, xp=xp)
     z = xp.astype(z, xp.float32)
     norm = float(np.float32(cfg.norm))  # torch's pow takes the exponent as a float32 for float32 tensors
-    if on_device:
-        from .. import _triton_llm
-
-        qmin, qmax = quant_range(cfg)
-        fmt = _element(cfg)
-        approx, bad = _triton_llm.grid_screen(observed, weights, s, z, has_zp=not cfg.symmetric, qmin=qmin, qmax=qmax,
-                                              element=None if fmt is None else (fmt.emin, fmt.mbits), norm=norm)
-    else:
-        approx, bad = _screen_on_host(x_np, w_np, _compiled.host_view(s, xp), _compiled.host_view(z, xp), cfg,
-                                      norm)
-    dx = xp if on_device else np  # the decisions: on the device, or NumPy's small host operations
-    slack = float(count) * 2.0**-125
+    approx, bad = _screen_on_host(x_np, w_np, _compiled.host_view(s, xp), _compiled.host_view(z, xp), cfg, norm)
+    slack = float(observed.shape[0] * observed.shape[-1]) * 2.0**-125
     if weights is not None:
-        w_top = xp.max(xp.astype(weights, xp.float64)) if on_device else np.max(w_np.astype(np.float64))
-        slack = slack * clamp(w_top, 1.0, None, dx)
-    improved, unsure = _screen_steps(approx, bad, rel, slack, dx)
-    exact = dx.nonzero(unsure)[0]  # the host read
+        slack = slack * float(np.maximum(np.max(w_np.astype(np.float64)), 1.0))  # NaN stays NaN: all unsure
+    improved, unsure = _screen_steps(approx, bad, rel, slack, np)
+    exact = np.nonzero(unsure)[0]
     if exact.shape[0]:
-        idx = exact if on_device else xp.asarray(exact, device=dev)
-        sub = xp.take(xp.reshape(observed, (n, g, gs)), idx, axis=1)
-        w_sub = None if weights is None else xp.take(xp.reshape(weights, (n, g, gs)), idx, axis=1)
-        err, _, _ = error_table(sub, xp.take(xp.reshape(mn, (g,)), idx, axis=0),
-                                xp.take(xp.reshape(mx, (g,)), idx, axis=0), config, weights=w_sub, xp=xp)
-        better = improvements(err, xp=xp)
-        improved[:, exact] = better if on_device else np.asarray(_compiled.host_view(better, xp))
-    pick = pick_steps(improved, config, xp=dx)
-    if not on_device:
-        pick = xp.asarray(pick, device=dev)
+        idx = xp.asarray(exact, device=dev)
+        better = improvements(_exact_errors(observed, weights, idx, xp.take(xp.reshape(mn, (g,)), idx, axis=0),
+                                            xp.take(xp.reshape(mx, (g,)), idx, axis=0), config, xp), xp=xp)
+        improved[:, exact] = np.asarray(_compiled.host_view(better, xp))
+    pick = xp.asarray(pick_steps(improved, config, xp=np), device=dev)
     keep = pick >= 0
     chosen = xp.where(keep, xp.astype(pick, xp.int64), xp.zeros_like(xp.astype(pick, xp.int64))) * g + \
         xp.arange(g, dtype=xp.int64, device=dev)
