@@ -294,19 +294,23 @@ def screen(observed: torch.Tensor, weights: torch.Tensor | None, lo: torch.Tenso
     rel32 = np.float32(rel)
     if float(rel32) < rel:
         rel32 = np.nextafter(rel32, np.float32(np.inf))
-    if candidates is not None:
-        has_zp, divisor, zp_lo, zp_hi = candidates
-        scale = zero_point = x  # unread
-    else:
-        divisor = zp_lo = zp_hi = 1.0
-        zero_point = zero_point.to(torch.float32).contiguous()
-        scale = scale.contiguous()
+    has_zp, divisor, zp_lo, zp_hi, scale, zero_point = _candidate_tables(candidates, has_zp, scale, zero_point, x)
     launch(_search_screen_kernel, (triton.cdiv(g, block_g),), x, w, lo.reshape(g), hi.reshape(g), scale, zero_point,
            improved, unsure, g, n * gs, gs, steps, float(np.float32(expand)), *float32_parts(float(grid)), float(qmin),
            float(qmax), float(max(abs(qmin), abs(qmax))), float(divisor), float(zp_lo), float(zp_hi), 2.0**-23,
            float(norm), emin, mbits, float(rel32), float(slack), HAS_ZP=bool(has_zp), HAS_W=weights is not None,
            IS_FLOAT=element is not None, CANDIDATES=candidates is not None, BLOCK_G=block_g, BLOCK_N=block_n)
     return improved, unsure
+
+
+def _candidate_tables(candidates: tuple[int, float, float, float] | None, has_zp: bool, scale: torch.Tensor | None,
+                      zero_point: torch.Tensor | None, x: torch.Tensor) -> tuple:
+    """The kernels' candidate arguments: with ``candidates = (has_zp, divisor, zp_lo, zp_hi)`` the kernel
+    computes each step's scale and zero point itself (the tables are unread); else it reads the given
+    ``scale`` and ``zero_point`` tables."""
+    if candidates is not None:
+        return (*candidates, x, x)
+    return has_zp, 1.0, 1.0, 1.0, scale.contiguous(), zero_point.to(torch.float32).contiguous()
 
 
 def exact_diff(observed: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, idx: torch.Tensor, *, steps: int,
@@ -320,13 +324,7 @@ def exact_diff(observed: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, idx: 
     x = observed.reshape(n, g, gs).contiguous()
     d = torch.empty((steps, n, e, gs), dtype=torch.float32, device=x.device)
     emin, mbits = element if element is not None else (0, 0)
-    if candidates is not None:
-        has_zp, divisor, zp_lo, zp_hi = candidates
-        scale = zero_point = x  # unread
-    else:
-        divisor = zp_lo = zp_hi = 1.0
-        zero_point = zero_point.to(torch.float32).contiguous()
-        scale = scale.contiguous()
+    has_zp, divisor, zp_lo, zp_hi, scale, zero_point = _candidate_tables(candidates, has_zp, scale, zero_point, x)
     launch(_exact_diff_kernel, (e, steps), x, lo.reshape(g), hi.reshape(g), scale, zero_point,
            idx.to(torch.int64).contiguous(), d, g, e, n * gs, gs, steps, float(np.float32(expand)),
            *float32_parts(float(grid)), float(qmin), float(qmax), float(divisor), float(zp_lo), float(zp_hi), 2.0**-23,
