@@ -476,7 +476,7 @@ def test_llm_cli_names_and_skips(files, tmp_path, capsys):
     assert rows == []
 
 
-@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("jax", marks=pytest.mark.slow)])  # jax: ~40 s of compiling
 def test_llm_rows_are_the_same_on_other_backends(backend):
     pytest.importorskip(backend)
     x = _weights(5, (8, 64))
