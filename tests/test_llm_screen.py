@@ -129,7 +129,10 @@ def test_screen_activations_and_threads(monkeypatch):
 _SLOW = pytest.mark.slow
 TRITON_CASES = [("int4-group", "random"), ("mxfp4", "nonfinite"), ("imatrix-int4", "random"),
                 pytest.param("int4-asym-p1", "zero_row", marks=_SLOW), pytest.param("fp8-asym", "integers", marks=_SLOW),
-                pytest.param("int2-tensor-p0", "tiny", marks=_SLOW), pytest.param("nvfp4-expanded", "outlier", marks=_SLOW)]
+                pytest.param("int2-tensor-p0", "tiny", marks=_SLOW), pytest.param("nvfp4-expanded", "outlier", marks=_SLOW),
+                ("mxfp8", "subnormal")]
+TRITON_CASES += [pytest.param(name, kind, marks=_SLOW) for name in ("mxfp4", "mxfp8") for kind in KINDS
+                 if (name, kind) not in (("mxfp4", "nonfinite"), ("mxfp8", "subnormal"))]
 
 
 def _bits(a):
@@ -151,7 +154,7 @@ def test_triton_screen_on_the_cuda_path(name, kind, monkeypatch):
     from observers_core import _namespace
     from observers_core.testing import count_launches, cuda_path_on_cpu
 
-    cfg = CONFIGS[name]
+    cfg = CONFIGS[name] if name != "mxfp8" else replace(CONFIGS["mxfp4"], num_bits=8)
     w = _weight(kind, 0, (8, 256))
     imp = _importance(cfg, w.shape, 0)
     o = llm.flatten(torch.from_numpy(w), cfg)
