@@ -68,10 +68,26 @@ def _factor(i, grid_a, grid_b, grid_c):
 
 
 @triton.jit
-def _candidate(base_lo, base_hi, p, qmin, qmax, divisor, zp_lo, zp_hi, eps, HAS_ZP: tl.constexpr):
+def _mx_scale(amax, mx_offset):
+    """``calculate_qparams``' MX scale ``2 ** (code - 127)`` of float32 ``amax >= 0`` (not NaN) by bit
+    manipulation: ``k`` = ``amax``'s binade, plus 1 where its mantissa is ``>= 1.75``; ``code = clip(k + 127 -
+    mx_offset, 0, 255)``, 0 below the smallest normal, 255 (``inf``) for ``inf`` or ``k > 127``; code 0 is the
+    subnormal ``2 ** -127``."""
+    bits = amax.to(tl.int32, bitcast=True)
+    k = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) >= 0x600000).to(tl.int32)
+    code = tl.minimum(tl.maximum(k + 127 - mx_offset, 0), 255)
+    code = tl.where(amax < 1.1754943508222875e-38, 0, code)
+    code = tl.where((k > 127) | (amax == float("inf")), 255, code)
+    return tl.where(code == 0, 0x400000, code << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _candidate(base_lo, base_hi, p, qmin, qmax, divisor, zp_lo, zp_hi, eps, mx_offset, HAS_ZP: tl.constexpr):
     """``calculate_qparams`` of the range ``[base_lo, base_hi] * p`` (float32): ``divisor`` is ``(qmax - qmin) /
     2`` symmetric, ``qmax - qmin`` asymmetric; a zero scale becomes ``eps``; the zero point ``clamp(qmin -
-    min / s)`` rounded to even in ``[zp_lo, zp_hi]``, NaN to 0 as torch casts it."""
+    min / s)`` rounded to even in ``[zp_lo, zp_hi]``, NaN to 0 as torch casts it. ``mx_offset >= 0``
+    (symmetric MX, ``floor(log2(element max))``): the E8M0 scale of :func:`_mx_scale` (a NaN range: the
+    scale is unspecified; every candidate of that group is then NaN, so the pick is the same)."""
     c_lo = base_lo * p
     c_hi = base_hi * p
     c_lo = tl.where(c_lo != c_lo, c_lo, tl.minimum(c_lo, 0.0))  # torch.min / max keep NaN
@@ -85,6 +101,8 @@ def _candidate(base_lo, base_hi, p, qmin, qmax, divisor, zp_lo, zp_hi, eps, HAS_
     else:
         amax = tl.where(c_lo != c_lo, c_lo, tl.where(c_hi != c_hi, c_hi, tl.maximum(tl.abs(c_lo), c_hi)))
         s = tl.div_rn(amax, tl.zeros_like(c_lo) + divisor)
+        if mx_offset >= 0:
+            s = _mx_scale(tl.where(amax != amax, 0.0, amax), mx_offset)
         z = tl.zeros_like(c_lo)
     return tl.where(s == 0.0, eps, s), z
 
@@ -112,7 +130,7 @@ def _fake_quantize(v, s, z, qmin, qmax, emin, mbits, HAS_ZP: tl.constexpr, IS_FL
 
 @triton.jit
 def _search_screen_kernel(x_ptr, w_ptr, lo_ptr, hi_ptr, s_ptr, z_ptr, improved_ptr, unsure_ptr, G, N, GS, T,
-                          expand, grid_a, grid_b, grid_c, qmin, qmax, qbound, divisor, zp_lo, zp_hi, eps, norm,
+                          expand, grid_a, grid_b, grid_c, qmin, qmax, qbound, divisor, zp_lo, zp_hi, eps, mx_offset, norm,
                           emin, mbits, rel, slack_unit, HAS_ZP: tl.constexpr, HAS_W: tl.constexpr,
                           IS_FLOAT: tl.constexpr, CANDIDATES: tl.constexpr, BLOCK_G: tl.constexpr,
                           BLOCK_N: tl.constexpr):
@@ -122,7 +140,9 @@ def _search_screen_kernel(x_ptr, w_ptr, lo_ptr, hi_ptr, s_ptr, z_ptr, improved_p
     surely improves (``improved[t, g] = 1``) when ``hi_t < min(lo_<t)``, surely not when ``lo_t >=
     min(hi_<t)``; ``unsure[g] = 1`` when some step is neither, ``A`` or ``hi`` is not finite / reaches
     float32's max, the group holds a non-finite value or weight, or a candidate scale is not positive and
-    finite or might overflow.
+    finite or might overflow. A step whose scale and zero point equal the previous step's (MX's power-of-two
+    scales) has its ``fq``, so the array code's error equals the previous one: surely not improved
+    (improving is ``err_t < min(err_<t)``).
 
     ``CANDIDATES``: candidate ``t``'s scale and zero point computed here from the group's range ``[lo,
     hi] * expand * p_t`` as ``calculate_qparams`` does (``divisor``: ``(qmax - qmin) / 2`` symmetric,
@@ -156,10 +176,12 @@ def _search_screen_kernel(x_ptr, w_ptr, lo_ptr, hi_ptr, s_ptr, z_ptr, improved_p
         base_hi = tl.load(hi_ptr + g64, mask=gmask, other=0.0) * expand
     min_lo = tl.full([BLOCK_G], 3.4028234663852886e38, dtype=tl.float64)
     min_hi = min_lo
+    s_prev = tl.full([BLOCK_G], float("nan"), dtype=tl.float32)
+    z_prev = tl.zeros([BLOCK_G], dtype=tl.float32)
     for t in range(T):
         if CANDIDATES:
             s, z = _candidate(base_lo, base_hi, _factor(t, grid_a, grid_b, grid_c), qmin, qmax, divisor, zp_lo,
-                              zp_hi, eps, HAS_ZP)
+                              zp_hi, eps, mx_offset, HAS_ZP)
         else:
             s = tl.load(s_ptr + t * G + g64, mask=gmask, other=1.0)
             if HAS_ZP:
@@ -184,8 +206,11 @@ def _search_screen_kernel(x_ptr, w_ptr, lo_ptr, hi_ptr, s_ptr, z_ptr, improved_p
         lo = acc * (1.0 - rel64) - slack
         hi = acc * (1.0 + rel64) + slack
         bad = bad | ~(tl.abs(acc) < float("inf")) | ~(hi < 3.4028234663852886e38)
-        sure = hi < min_lo
-        bad = bad | ~(sure | (lo >= min_hi))
+        same = (s == s_prev) & (z == z_prev)  # the previous step's fq(x): its error, which never improves on it
+        s_prev = s
+        z_prev = z
+        sure = (hi < min_lo) & ~same
+        bad = bad | ~(sure | same | (lo >= min_hi))
         min_lo = tl.minimum(min_lo, lo)
         min_hi = tl.minimum(min_hi, hi)
         tl.store(improved_ptr + t * G + g64, sure.to(tl.uint8), mask=gmask)
@@ -194,7 +219,7 @@ def _search_screen_kernel(x_ptr, w_ptr, lo_ptr, hi_ptr, s_ptr, z_ptr, improved_p
 
 @triton.jit
 def _exact_diff_kernel(x_ptr, lo_ptr, hi_ptr, s_ptr, z_ptr, idx_ptr, d_ptr, G, E, N, GS, T, expand, grid_a, grid_b,
-                       grid_c, qmin, qmax, divisor, zp_lo, zp_hi, eps, emin, mbits, HAS_ZP: tl.constexpr,
+                       grid_c, qmin, qmax, divisor, zp_lo, zp_hi, eps, mx_offset, emin, mbits, HAS_ZP: tl.constexpr,
                        IS_FLOAT: tl.constexpr, CANDIDATES: tl.constexpr, BLOCK_N: tl.constexpr):
     """``d[t, i // GS, e, i % GS] = |fq_t(v_i) - v_i|`` (float32, the array code's bits) for group ``idx[e]``
     (program ``(e, t)``), the candidates as in ``_search_screen_kernel``: the array code's ``|q - x|`` of
@@ -206,7 +231,7 @@ def _exact_diff_kernel(x_ptr, lo_ptr, hi_ptr, s_ptr, z_ptr, idx_ptr, d_ptr, G, E
         base_lo = tl.load(lo_ptr + g) * expand
         base_hi = tl.load(hi_ptr + g) * expand
         s, z = _candidate(base_lo, base_hi, _factor(t, grid_a, grid_b, grid_c), qmin, qmax, divisor, zp_lo, zp_hi,
-                          eps, HAS_ZP)
+                          eps, mx_offset, HAS_ZP)
     else:
         s = tl.load(s_ptr + t * G + g)
         z = tl.load(z_ptr + t * G + g)
@@ -274,13 +299,13 @@ def _blocks(g: int, count: int, on_cpu: bool) -> tuple[int, int]:
 
 def screen(observed: torch.Tensor, weights: torch.Tensor | None, lo: torch.Tensor, hi: torch.Tensor, *,
            steps: int, expand: float, grid: float, qmin: float, qmax: float, element: tuple[int, int] | None,
-           norm: float, rel: float, slack: float, candidates: tuple[int, float, float, float] | None = None,
+           norm: float, rel: float, slack: float, candidates: tuple[int, float, float, float, int] | None = None,
            scale: torch.Tensor | None = None, zero_point: torch.Tensor | None = None,
            has_zp: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One launch of ``_search_screen_kernel``: ``(improved, unsure)``, uint8 ``(steps, G)`` and ``(G,)``, for
     the flattened float32 ``observed`` ``(n, *qparam_shape, group)`` (``weights`` the same shape, or
     ``None``), the groups' ranges ``lo``, ``hi`` (``G`` values, before ``expand``). ``candidates``:
-    ``(has_zp, divisor, zp_lo, zp_hi)`` to compute the candidates' qparams in the kernel; else ``scale``,
+    ``(has_zp, divisor, zp_lo, zp_hi, mx_offset)`` to compute the candidates' qparams in the kernel; else ``scale``,
     ``zero_point`` ``(steps, G)`` and ``has_zp``. ``element``: ``(emin, mbits)`` of an FP4/FP8 element,
     ``None`` for ints; ``rel`` is rounded up to float32 (a wider margin)."""
     n, gs = observed.shape[0], observed.shape[-1]
@@ -294,28 +319,29 @@ def screen(observed: torch.Tensor, weights: torch.Tensor | None, lo: torch.Tenso
     rel32 = np.float32(rel)
     if float(rel32) < rel:
         rel32 = np.nextafter(rel32, np.float32(np.inf))
-    has_zp, divisor, zp_lo, zp_hi, scale, zero_point = _candidate_tables(candidates, has_zp, scale, zero_point, x)
+    has_zp, divisor, zp_lo, zp_hi, mx_offset, scale, zero_point = _candidate_tables(candidates, has_zp, scale,
+                                                                                     zero_point, x)
     launch(_search_screen_kernel, (triton.cdiv(g, block_g),), x, w, lo.reshape(g), hi.reshape(g), scale, zero_point,
            improved, unsure, g, n * gs, gs, steps, float(np.float32(expand)), *float32_parts(float(grid)), float(qmin),
            float(qmax), float(max(abs(qmin), abs(qmax))), float(divisor), float(zp_lo), float(zp_hi), 2.0**-23,
-           float(norm), emin, mbits, float(rel32), float(slack), HAS_ZP=bool(has_zp), HAS_W=weights is not None,
+           int(mx_offset), float(norm), emin, mbits, float(rel32), float(slack), HAS_ZP=bool(has_zp), HAS_W=weights is not None,
            IS_FLOAT=element is not None, CANDIDATES=candidates is not None, BLOCK_G=block_g, BLOCK_N=block_n)
     return improved, unsure
 
 
-def _candidate_tables(candidates: tuple[int, float, float, float] | None, has_zp: bool, scale: torch.Tensor | None,
-                      zero_point: torch.Tensor | None, x: torch.Tensor) -> tuple:
-    """The kernels' candidate arguments: with ``candidates = (has_zp, divisor, zp_lo, zp_hi)`` the kernel
-    computes each step's scale and zero point itself (the tables are unread); else it reads the given
-    ``scale`` and ``zero_point`` tables."""
+def _candidate_tables(candidates: tuple[int, float, float, float, int] | None, has_zp: bool,
+                      scale: torch.Tensor | None, zero_point: torch.Tensor | None, x: torch.Tensor) -> tuple:
+    """The kernels' candidate arguments: with ``candidates = (has_zp, divisor, zp_lo, zp_hi, mx_offset)`` the
+    kernel computes each step's scale and zero point itself (the tables are unread; ``mx_offset`` -1, or
+    symmetric MX's ``floor(log2(element max))``); else it reads the given ``scale`` and ``zero_point`` tables."""
     if candidates is not None:
         return (*candidates, x, x)
-    return has_zp, 1.0, 1.0, 1.0, scale.contiguous(), zero_point.to(torch.float32).contiguous()
+    return has_zp, 1.0, 1.0, 1.0, -1, scale.contiguous(), zero_point.to(torch.float32).contiguous()
 
 
 def exact_diff(observed: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, idx: torch.Tensor, *, steps: int,
                expand: float, grid: float, qmin: float, qmax: float, element: tuple[int, int] | None,
-               candidates: tuple[int, float, float, float] | None = None, scale: torch.Tensor | None = None,
+               candidates: tuple[int, float, float, float, int] | None = None, scale: torch.Tensor | None = None,
                zero_point: torch.Tensor | None = None, has_zp: bool = False, **_: object) -> torch.Tensor:
     """One launch of ``_exact_diff_kernel``: ``|fq_t(x) - x|`` ``(steps, n, len(idx), group)`` float32 for the
     groups ``idx`` of the flattened ``observed`` (the arguments as :func:`screen`'s)."""
@@ -324,11 +350,12 @@ def exact_diff(observed: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, idx: 
     x = observed.reshape(n, g, gs).contiguous()
     d = torch.empty((steps, n, e, gs), dtype=torch.float32, device=x.device)
     emin, mbits = element if element is not None else (0, 0)
-    has_zp, divisor, zp_lo, zp_hi, scale, zero_point = _candidate_tables(candidates, has_zp, scale, zero_point, x)
+    has_zp, divisor, zp_lo, zp_hi, mx_offset, scale, zero_point = _candidate_tables(candidates, has_zp, scale,
+                                                                                     zero_point, x)
     launch(_exact_diff_kernel, (e, steps), x, lo.reshape(g), hi.reshape(g), scale, zero_point,
            idx.to(torch.int64).contiguous(), d, g, e, n * gs, gs, steps, float(np.float32(expand)),
            *float32_parts(float(grid)), float(qmin), float(qmax), float(divisor), float(zp_lo), float(zp_hi), 2.0**-23,
-           emin, mbits, HAS_ZP=bool(has_zp), IS_FLOAT=element is not None, CANDIDATES=candidates is not None,
+           int(mx_offset), emin, mbits, HAS_ZP=bool(has_zp), IS_FLOAT=element is not None, CANDIDATES=candidates is not None,
            BLOCK_N=min(triton.next_power_of_2(n * gs), 1024))
     return d
 

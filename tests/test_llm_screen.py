@@ -129,7 +129,10 @@ def test_screen_activations_and_threads(monkeypatch):
 _SLOW = pytest.mark.slow
 TRITON_CASES = [("int4-group", "random"), ("mxfp4", "nonfinite"), ("imatrix-int4", "random"),
                 pytest.param("int4-asym-p1", "zero_row", marks=_SLOW), pytest.param("fp8-asym", "integers", marks=_SLOW),
-                pytest.param("int2-tensor-p0", "tiny", marks=_SLOW), pytest.param("nvfp4-expanded", "outlier", marks=_SLOW)]
+                pytest.param("int2-tensor-p0", "tiny", marks=_SLOW), pytest.param("nvfp4-expanded", "outlier", marks=_SLOW),
+                ("mxfp8", "subnormal")]
+TRITON_CASES += [pytest.param(name, kind, marks=_SLOW) for name in ("mxfp4", "mxfp8") for kind in KINDS
+                 if (name, kind) not in (("mxfp4", "nonfinite"), ("mxfp8", "subnormal"))]
 
 
 def _bits(a):
@@ -151,7 +154,7 @@ def test_triton_screen_on_the_cuda_path(name, kind, monkeypatch):
     from observers_core import _namespace
     from observers_core.testing import count_launches, cuda_path_on_cpu
 
-    cfg = CONFIGS[name]
+    cfg = CONFIGS[name] if name != "mxfp8" else replace(CONFIGS["mxfp4"], num_bits=8)
     w = _weight(kind, 0, (8, 256))
     imp = _importance(cfg, w.shape, 0)
     o = llm.flatten(torch.from_numpy(w), cfg)
@@ -173,18 +176,20 @@ def test_triton_screen_on_the_cuda_path(name, kind, monkeypatch):
         assert torch.equal(_bits(a), _bits(b))
 
 
-@pytest.mark.parametrize("seed,undecided", [(0, 0), (1, 2)])
-def test_triton_search_launches(seed, undecided, monkeypatch):
+@pytest.mark.parametrize("name,seed,undecided", [("int4-group", 0, 0), ("int4-group", 1, 2), ("mxfp4", 0, 0)])
+def test_triton_search_launches(name, seed, undecided, monkeypatch):
     """A 64 x 256 int4 g128 weight on the torch CUDA path (20 steps): 5 launches (``amin``, ``amax``, the
     screen, a row ``amax``, the pick) and 1 host read when the screen decides every group (seed 0); the
     undecided groups' exact errors add 4 (seed 1: 2 groups; the ``|fq(x) - x|`` kernel, torch's ``pow``
-    and ``sum``, the rows' kernel); the array code: about 400 launches; its bits either way."""
+    and ``sum``, the rows' kernel); the array code: about 400 launches; its bits either way. MXFP4 g32 too:
+    its E8M0 candidate scales computed in the screen, a step repeating the previous step's scale decided
+    there (5 launches, was over 100)."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
     from observers_core import _namespace, _triton_llm
     from observers_core.testing import count_launches, cuda_path_on_cpu
 
-    cfg = CONFIGS["int4-group"]
+    cfg = CONFIGS[name]
     o = llm.flatten(torch.from_numpy(np.random.default_rng(seed).standard_normal((64, 256)).astype(np.float32)), cfg)
     rows = []
     exact_rows = _triton_llm.exact_rows
@@ -205,7 +210,8 @@ def test_triton_search_launches(seed, undecided, monkeypatch):
         assert torch.equal(_bits(a), _bits(b))
 
 
-@pytest.mark.parametrize("name", ["int4-group", "int4-asym-p1", "int2-tensor-p0", "nvfp4-expanded", "mxfp4", "fp8-asym"])
+@pytest.mark.parametrize("name", ["int4-group", "int4-asym-p1", "int2-tensor-p0", "nvfp4-expanded", "mxfp4", "mxfp8",
+                                  "fp8-asym"])
 def test_triton_exact_diff_is_the_array_code(name):
     """The undecided groups' ``|fq_t(x) - x|`` from the kernel (candidate qparams computed in it, or read from
     ``calculate_qparams``'s for MX / scale dtypes / float zero points) equals the array code's bits, every
@@ -217,7 +223,7 @@ def test_triton_exact_diff_is_the_array_code(name):
     from observers_core._namespace import array_namespace
     from observers_core.testing import cuda_path_on_cpu
 
-    cfg = CONFIGS[name]
+    cfg = CONFIGS[name] if name != "mxfp8" else replace(CONFIGS["mxfp4"], num_bits=8)
     search = llm._search_config(cfg)
     w = _weight("nonfinite", 0, (8, 256))
     w[7] = np.float32(2.0**-140) * w[7]
@@ -243,11 +249,58 @@ def test_triton_exact_diff_is_the_array_code(name):
         got_tables = _triton_llm.exact_diff(o, lo, hi, idx, **args, scale=s, zero_point=z, has_zp=not search.symmetric)
         want = want[:, :, idx]
         assert _same_or_both_nan(got_tables, want)
-        if search.scale_dtype is None and (search.symmetric or search.type == "int"):
+        mx = search.is_mx and search.symmetric
+        assert mx == name.startswith("mx")
+        if mx or (search.scale_dtype is None and (search.symmetric or search.type == "int")):
             zp = llm._INT_RANGE.get(search.zp_dtype, (0, 0))
             divisor = (qmax - qmin) / 2 if search.symmetric else qmax - qmin
-            got = _triton_llm.exact_diff(o, lo, hi, idx, **args, candidates=(not search.symmetric, divisor, *zp))
+            offset = llm._MX_ELEM_OFFSET[search.num_bits] if mx else -1
+            got = _triton_llm.exact_diff(o, lo, hi, idx, **args, candidates=(not search.symmetric, divisor, *zp, offset))
             assert _same_or_both_nan(got, want)
+
+
+try:  # a kernel running the screen's E8M0 scale alone (module level: Triton reads its globals)
+    import triton as _triton
+    import triton.language as tl
+
+    from observers_core import _triton_llm
+
+    @_triton.jit
+    def _mx_scale_kernel(a_ptr, s_ptr, n, offset, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        a = tl.load(a_ptr + i, mask=i < n, other=0.0)
+        tl.store(s_ptr + i, _triton_llm._mx_scale(a, offset), mask=i < n)
+except ImportError:
+    _mx_scale_kernel = None
+
+
+@pytest.mark.parametrize("num_bits", [4, 8])
+def test_triton_mx_scale_is_calculate_qparams(num_bits):
+    """The screen kernel's E8M0 candidate scale (``_triton_llm._mx_scale``, bit manipulation) equals
+    ``calculate_qparams``'s MX scale bit for bit for every binade's edges (mantissa 1, just below and at 1.75,
+    the largest), zero, subnormals, the smallest normal's neighbours, float32's max and ``inf``, and random
+    magnitudes."""
+    torch = pytest.importorskip("torch")
+    if _mx_scale_kernel is None:
+        pytest.skip("triton is not installed")
+    import triton
+
+    from observers_core._triton_kernels import launch
+    from observers_core.testing import cuda_path_on_cpu
+
+    exps = np.arange(1, 255, dtype=np.uint32) << 23
+    mant = np.array([0, 1, 0x5FFFFF, 0x600000, 0x7FFFFF], dtype=np.uint32)
+    edges = (exps[:, None] | mant[None, :]).ravel()
+    special = np.array([0, 1, 0x300000, 0x5FFFFF, 0x600000, 0x7FFFFF, 0x7F7FFFFF, 0x7F800000], dtype=np.uint32)
+    rand = np.random.default_rng(0).integers(0, 0x7F800000, 4000, dtype=np.uint32)
+    amax = torch.from_numpy(np.concatenate([edges, special, rand]).view(np.float32).copy())
+    cfg = replace(CONFIGS["mxfp4"], num_bits=num_bits)
+    want, _ = llm.calculate_qparams(-amax, amax * 0.5, cfg)
+    got = torch.empty_like(amax)
+    with cuda_path_on_cpu():
+        launch(_mx_scale_kernel, (triton.cdiv(amax.numel(), 4096),), amax, got, amax.numel(), llm._MX_ELEM_OFFSET[num_bits],
+               BLOCK=4096)
+    assert torch.equal(_bits(got), _bits(want))
 
 
 def test_triton_screen_activations(monkeypatch):

@@ -625,7 +625,7 @@ def _device_search(observed: Array, lo: Array, hi: Array, config: Config, weight
     """:func:`grid_search` on the torch CUDA path (float32), from the groups' ranges ``lo``, ``hi`` (before
     ``expand``): one Triton launch screens every candidate of every group and decides each step where the
     bounds of :func:`_screened_search` allow (``_triton_llm.screen``; the candidates' qparams computed in the
-    kernel for ints and symmetric floats without ``scale_dtype``, else by :func:`calculate_qparams`); the
+    kernel for ints, symmetric floats without ``scale_dtype`` and symmetric MX, else by :func:`calculate_qparams`); the
     undecided groups' rows come from the array code's errors (:func:`_exact_errors`, then
     ``_triton_llm.exact_rows``); an ``amax`` and a second
     launch apply the stopping rule and pick (``_triton_llm.pick``). Reading which groups are undecided is
@@ -650,11 +650,12 @@ def _device_search(observed: Array, lo: Array, hi: Array, config: Config, weight
     args = dict(steps=t, expand=config.expand, grid=config.grid, qmin=qmin, qmax=qmax,
                 element=None if fmt is None else (fmt.emin, fmt.mbits), norm=float(np.float32(cfg.norm)), rel=rel,
                 slack=float(observed.shape[0] * observed.shape[-1]) * 2.0**-125)
-    if cfg.scale_dtype is None and (cfg.symmetric or (cfg.type == "int" and cfg.num_bits <= 16
-                                                      and cfg.zp_dtype in _INT_RANGE)):
+    mx = cfg.is_mx and cfg.symmetric
+    if mx or (cfg.scale_dtype is None and (cfg.symmetric or (cfg.type == "int" and cfg.num_bits <= 16
+                                                             and cfg.zp_dtype in _INT_RANGE))):
         zp_lo, zp_hi = _INT_RANGE.get(cfg.zp_dtype, (0, 0))
         divisor = (qmax - qmin) / 2 if cfg.symmetric else qmax - qmin
-        qp = dict(candidates=(not cfg.symmetric, divisor, zp_lo, zp_hi))
+        qp = dict(candidates=(not cfg.symmetric, divisor, zp_lo, zp_hi, _MX_ELEM_OFFSET[cfg.num_bits] if mx else -1))
     else:
         factors = xp.asarray(config.shrink_factors(), dtype=xp.float32, device=device_of(observed))
         cmin = xp.reshape(_candidates(lo * config.expand, factors, xp), (t, g))
