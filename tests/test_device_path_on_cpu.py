@@ -115,10 +115,11 @@ def assert_same_state(a, b, what: str) -> None:
         np.testing.assert_array_equal(b[key], a[key], err_msg=f"{what}: {key}")
 
 
-#: Per channel, the KL, MSE and Mix searches run every (channel, candidate) through Triton's interpreter
-#: (10-40 s a sequence): the default run takes two sequences of each, ``-m slow`` all of them.
-_SLOW_PER_CHANNEL = ("KLObserver-per_channel", "MSEObserver-per_channel", "MixObserver-per_channel")
-_DEFAULT_PER_CHANNEL_SEQUENCES = ("nan", "int_and_half")
+#: Per channel, the calibration observers run every channel's rows through Triton's interpreter (4-30 s a
+#: sequence): the default run takes one sequence of each, ``-m slow`` all of them.
+_SLOW_PER_CHANNEL = ("KLObserver-per_channel", "MSEObserver-per_channel", "MixObserver-per_channel",
+                     "PercentileObserver-per_channel")
+_DEFAULT_PER_CHANNEL_SEQUENCES = ("int_and_half",)
 
 
 def _fixed_cases():

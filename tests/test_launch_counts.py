@@ -26,6 +26,9 @@ from _torch_observer_configs import PER_CHANNEL  # noqa: E402
 from observers_core.testing import count_launches, cuda_path_on_cpu  # noqa: E402
 
 BATCHES = batches_of((64, 512))
+#: Per-channel batches: 8 channels (the Triton interpreter runs every channel's rows one after another; (64, 512)
+#: has 512, up to minutes on the CPU). The launches do not depend on the channel count.
+SMALL_CHANNELS = batches_of((64, 8))
 MINMAX = ["MinMaxObserver", "MovingAverageMinMaxObserver", "PerChannelMinMaxObserver",
           "MovingAveragePerChannelMinMaxObserver"]
 
@@ -61,7 +64,7 @@ def test_histogram_calculate_qparams_launches_at_most_20_and_syncs_once(kwargs):
 
 @pytest.mark.parametrize("kwargs", [{}, PER_CHANNEL], ids=["per_tensor", "per_channel"])
 def test_percentile_forward_launches_at_most_12(kwargs):
-    counted = count(("PercentileObserver", kwargs), BATCHES)
+    counted = count(("PercentileObserver", kwargs), SMALL_CHANNELS if kwargs else BATCHES)
     assert counted.launches <= 12, counted
     assert counted.syncs == 0, counted
 
@@ -74,16 +77,12 @@ KL_KERNELS = {"_rows_range_kernel", "_kl_accumulate_kernel", "_kl_prefix_kernel"
 def test_kl_forward_launches_at_most_12_and_never_syncs(kwargs):
     """The accumulator update, the KL search and the clipped average all run the Triton kernels (the third
     forward: the accumulator's grid and the KL update both run)."""
-    batches = BATCHES if not kwargs else batches_of((8, 64))  # (fewer channels: the interpreter is slow)
-    counted = count(("KLObserver", kwargs), batches)
+    counted = count(("KLObserver", kwargs), SMALL_CHANNELS if kwargs else BATCHES)
     assert counted.launches <= 12, counted
     assert counted.syncs == 0, counted
     assert set(counted.triton) == KL_KERNELS and sum(counted.triton.values()) == len(KL_KERNELS), counted
 
 
-#: Per-channel batches of the MSE and Mix counts: 8 channels (the Triton interpreter runs the candidates' level
-#: sums of every channel; (64, 512) has 512, minutes on the CPU). The launches do not depend on the channel count.
-SMALL_CHANNELS = batches_of((64, 8))
 MSE_KERNELS = ("_mse_prepare_kernel", "_mse_errors_kernel", "_mse_pick_kernel")
 
 
